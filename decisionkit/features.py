@@ -1,0 +1,187 @@
+"""Pooled features: one forward pass of the backbone per case, every pooling of a few layers, cached on disk.
+
+Frozen features are what a heads-only decision model trains on, and what the pooling comparison probes.
+The cache key covers the backbone's weights, the rendered texts (so the rendering version), the truncation
+length and the layers, so a change to any of them extracts again instead of reusing stale vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.numpy import load_file, save_file
+from tqdm.auto import tqdm
+
+from . import settings
+from .backbone import Backbone
+from .data import RENDER_VERSION, Split
+from .pooling import POOLINGS, last_token_index, pool_all
+
+DEFAULT_MAX_LENGTH = 512  # the longest typed-decisions state is about 490 tokens rendered as compact JSON
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """Quarter points of the stack, last layer included: (8, 15, 22, 30) for SmolLM2's 30 layers."""
+    return tuple(sorted({max(1, round(num_layers * f)) for f in (0.25, 0.5, 0.75, 1.0)}))
+
+
+@dataclass
+class Encoded:
+    """Hidden states of one batch: ``hidden[layer]`` is (batch, seq, dim); layer 0 is the embeddings."""
+
+    hidden: tuple[torch.Tensor, ...]
+    attention_mask: torch.Tensor
+    input_ids: torch.Tensor
+
+
+@torch.inference_mode()
+def encode(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
+           padding_side: str = "right") -> Encoded:
+    """Tokenize ``texts`` (truncated to ``max_length``) and run the decoder once, keeping every layer."""
+    tokenizer = backbone.tokenizer
+    kept, tokenizer.padding_side = tokenizer.padding_side, padding_side
+    try:
+        batch = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = kept
+    batch = {k: v.to(backbone.device) for k, v in batch.items()}
+    out = backbone.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           output_hidden_states=True)
+    return Encoded(tuple(h.float() for h in out.hidden_states), batch["attention_mask"], batch["input_ids"])
+
+
+@dataclass
+class Features:
+    """Pooled features of a list of cases: ``get(pooling, layer)`` is an (n_cases, hidden) array."""
+
+    ids: list[str]
+    layers: tuple[int, ...]
+    arrays: dict[str, np.ndarray]
+    seconds_per_case: float  # measured when the features were extracted (kept in the cache)
+    from_cache: bool
+
+    def get(self, pooling: str = "last", layer: int | None = None) -> np.ndarray:
+        layer = self.layers[-1] if layer is None else layer
+        key = f"{pooling}@{layer}"
+        if key not in self.arrays:
+            raise KeyError(f"no features for pooling {pooling!r} at layer {layer}; have layers {list(self.layers)} "
+                           f"and poolings {list(POOLINGS)}")
+        return self.arrays[key]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int]) -> str:
+    texts_sha = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
+    quant = None if backbone.quantize is None else repr(backbone.quantize)
+    blob = json.dumps({"weights": backbone.checksum, "quantize": quant, "render": RENDER_VERSION,
+                       "texts": texts_sha, "max_length": max_length, "layers": list(layers)})
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def _save_atomic(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, scratch = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(arrays, scratch, metadata=metadata)
+        os.replace(scratch, path)
+    finally:
+        if os.path.exists(scratch):
+            os.remove(scratch)
+
+
+def extract_features(
+    backbone: Backbone,
+    cases: Split,
+    *,
+    layers: Sequence[int] | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    batch_size: int | None = None,
+    cache: bool = True,
+    cache_dir: str | Path | None = None,
+) -> Features:
+    """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case.
+
+    On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16.
+    A backbone with LoRA adapters is still training, so its features are never cached.
+    """
+    layers = tuple(layers or default_layers(backbone.num_layers))
+    bad = [layer for layer in layers if not 1 <= layer <= backbone.num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} out of range; the backbone has layers 1..{backbone.num_layers}")
+    texts = cases.texts
+    cache = cache and backbone.lora is None
+    path = None
+    if cache:
+        root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
+        path = root / "features" / f"{_cache_key(backbone, texts, max_length, layers)}.safetensors"
+        if path.is_file():
+            return _load(path)
+    batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
+    order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
+    pooled: dict[str, np.ndarray] = {}
+    start = time.perf_counter()
+    for lo in tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch"):
+        rows = order[lo:lo + batch_size]
+        enc = encode(backbone, [texts[i] for i in rows], max_length)
+        for layer in layers:
+            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
+                key = f"{method}@{layer}"
+                if key not in pooled:
+                    pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+                pooled[key][rows] = vectors.cpu().numpy()
+    seconds = (time.perf_counter() - start) / max(len(texts), 1)
+    features = Features(cases.ids, layers, pooled, seconds, from_cache=False)
+    if path is not None:
+        _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
+                                    "seconds_per_case": repr(seconds)})
+    return features
+
+
+def _load(path: Path) -> Features:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="np") as handle:
+        meta = handle.metadata()
+    return Features(json.loads(meta["ids"]), tuple(json.loads(meta["layers"])), load_file(str(path)),
+                    float(meta["seconds_per_case"]), from_cache=True)
+
+
+@dataclass
+class PaddingPitfall:
+    """How far a naive "last position" vector under right padding lands from the true last-token vector."""
+
+    texts_tokens: list[int]
+    padded_to: int
+    cosine: np.ndarray  # cosine similarity of naive vs correct, per example
+    relative_l2: np.ndarray  # ||naive - correct|| / ||correct||, per example
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame({"real tokens": self.texts_tokens, "padded to": self.padded_to,
+                             "naive pools a pad token": [n < self.padded_to for n in self.texts_tokens],
+                             "cosine(naive, correct)": self.cosine.round(4),
+                             "relative L2 difference": self.relative_l2.round(4)})
+
+
+def padding_pitfall(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH) -> PaddingPitfall:
+    """Pool ``texts`` in one right-padded batch two ways: position -1 (naive) and the last real token."""
+    enc = encode(backbone, texts, max_length, padding_side="right")
+    hidden = enc.hidden[-1]
+    naive = hidden[:, -1]
+    correct = hidden[torch.arange(hidden.shape[0]), last_token_index(enc.attention_mask)]
+    cosine = torch.nn.functional.cosine_similarity(naive, correct, dim=-1)
+    relative = (naive - correct).norm(dim=-1) / correct.norm(dim=-1)
+    lengths = enc.attention_mask.sum(dim=1).tolist()
+    return PaddingPitfall(lengths, hidden.shape[1], cosine.cpu().numpy(), relative.cpu().numpy())

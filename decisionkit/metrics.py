@@ -1,0 +1,106 @@
+"""The benchmark's metrics, per decision and pooled, broken down by question type and workflow.
+
+Per decision, with gold distribution g and predicted distribution p over the same answer keys:
+
+- accuracy: argmax p equals argmax g, ties going to the first-listed key (the card's scorer); the stored
+  ``label`` rule is reported beside it as ``accuracy_label``;
+- KL(g || p) = sum_k g_k ln(g_k / p_k), terms with g_k = 0 skipped, p_k floored at 1e-12;
+- Brier = sum_k (p_k - g_k)^2, summed over the answers, not averaged;
+- ECE: 10 equal-width bins on the top answer's confidence against 0/1 correctness, pooled over all decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .data import Split
+
+KL_FLOOR = 1e-12  # the strictest floor the benchmark's scorers use
+ECE_BINS = 10
+
+
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Weighted mean |accuracy - confidence| over equal-width confidence bins."""
+    confidence = np.asarray(confidence, dtype=float)
+    correct = np.asarray(correct, dtype=float)
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        in_bin = index == b
+        if in_bin.any():
+            total += in_bin.mean() * abs(correct[in_bin].mean() - confidence[in_bin].mean())
+    return float(total)
+
+
+@dataclass
+class Scores:
+    """One row per decision; ``summary()`` pools them, overall or by type / workflow / question."""
+
+    decisions: pd.DataFrame
+    ece_bins: int = ECE_BINS
+
+    def summary(self, by: str | list[str] | None = None) -> pd.DataFrame:
+        def pooled(frame: pd.DataFrame) -> pd.Series:
+            return pd.Series({
+                "decisions": len(frame),
+                "accuracy": frame["correct"].mean(),
+                "accuracy_label": frame["correct_label"].mean(),
+                "kl": frame["kl"].mean(),
+                "brier": frame["brier"].mean(),
+                "ece": expected_calibration_error(frame["confidence"], frame["correct"], self.ece_bins),
+            })
+
+        if by is None:
+            return pooled(self.decisions).to_frame("all").T
+        return self.decisions.groupby(by).apply(pooled, include_groups=False)
+
+    def overall(self) -> dict[str, float]:
+        row = self.summary().iloc[0]
+        return {k: float(v) for k, v in row.items()}
+
+
+def score(cases: Split, predictions: list[dict[str, np.ndarray]], ece_bins: int = ECE_BINS) -> Scores:
+    """Score ``predictions`` (one ``{question id: probabilities in option order}`` per case) against gold."""
+    if len(predictions) != len(cases):
+        raise ValueError(f"predictions has {len(predictions)} entries; expected one per case ({len(cases)})")
+    rows = []
+    for case, predicted in zip(cases, predictions):
+        for qid, question in case.questions.items():
+            gold = case.gold[qid].probabilities
+            if qid not in predicted:
+                raise ValueError(f"case {case.id}: no prediction for question {qid!r}")
+            p = np.asarray(predicted[qid], dtype=float)
+            if p.shape != gold.shape:
+                raise ValueError(f"case {case.id}, question {qid!r}: prediction has {p.size} probabilities; "
+                                 f"expected {gold.size} ({', '.join(question.options)})")
+            top = int(np.argmax(p))
+            seen = gold > 0
+            rows.append({
+                "case": case.id, "workflow": case.workflow, "question": qid, "type": question.type,
+                "correct": top == int(np.argmax(gold)),
+                "correct_label": question.options[top] == case.gold[qid].label,
+                "kl": float(np.sum(gold[seen] * np.log(gold[seen] / np.maximum(p[seen], KL_FLOOR)))),
+                "brier": float(np.sum((p - gold) ** 2)),
+                "confidence": float(p[top]),
+            })
+    return Scores(pd.DataFrame(rows), ece_bins)
+
+
+def uniform_predictions(cases: Split) -> list[dict[str, np.ndarray]]:
+    """Every option equally likely: the benchmark's "Uniform" reference row."""
+    return [{qid: np.full(len(q.options), 1 / len(q.options)) for qid, q in c.questions.items()} for c in cases]
+
+
+def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]:
+    """The mean gold distribution of each (workflow, question) on ``train``: the benchmark's "prior" row."""
+    sums: dict[tuple[str, str], np.ndarray] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for case in train:
+        for qid, gold in case.gold.items():
+            key = (case.workflow, qid)
+            sums[key] = sums.get(key, 0) + gold.probabilities
+            counts[key] = counts.get(key, 0) + 1
+    return [{qid: sums[(c.workflow, qid)] / counts[(c.workflow, qid)] for qid in c.questions} for c in cases]

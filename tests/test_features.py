@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from decisionkit.features import default_layers, encode, extract_features, padding_pitfall
+from decisionkit.pooling import pool
+
+
+@pytest.fixture(scope="module")
+def small(splits):
+    return splits["validation"].head(2)
+
+
+def test_default_layers():
+    assert default_layers(30) == (8, 15, 22, 30)
+    assert default_layers(2) == (1, 2)
+
+
+def test_features_match_a_direct_forward_and_are_cached(backbone, small, tmp_path):
+    first = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
+    assert not first.from_cache and first.ids == small.ids and first.seconds_per_case > 0
+    assert first.get("mean", 15).shape == (len(small), 576)
+    enc = encode(backbone, [small[1].text], max_length=128)
+    np.testing.assert_allclose(first.get("last")[1], pool(enc.hidden[30], enc.attention_mask, "last")[0].numpy(),
+                               rtol=1e-4, atol=1e-4)
+    again = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
+    assert again.from_cache and again.seconds_per_case == first.seconds_per_case
+    for key, array in first.arrays.items():
+        np.testing.assert_array_equal(again.arrays[key], array)
+    # A different truncation length is a different cache entry.
+    other = extract_features(backbone, small, layers=(15, 30), max_length=64, cache_dir=tmp_path)
+    assert not other.from_cache
+    assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2
+
+
+def test_batching_does_not_change_features(backbone, small, tmp_path):
+    one = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=1, cache=False)
+    two = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=2, cache=False)
+    for key in one.arrays:
+        np.testing.assert_allclose(one.arrays[key], two.arrays[key], rtol=1e-3, atol=1e-3)
+
+
+def test_bad_layer_and_pooling_are_named(backbone, small):
+    with pytest.raises(ValueError, match=r"layers \[31\] out of range"):
+        extract_features(backbone, small, layers=(31,), cache=False)
+    feats = extract_features(backbone, small, layers=(30,), max_length=32, cache=False)
+    with pytest.raises(KeyError, match="no features for pooling 'mean' at layer 15"):
+        feats.get("mean", 15)
+
+
+def test_padding_pitfall_shows_a_pad_token_vector(backbone):
+    result = padding_pitfall(backbone, ["workflow: a\n{\"x\": 1}", "workflow: b\n" + "{\"y\": 2} " * 20])
+    table = result.table()
+    assert table["naive pools a pad token"].tolist() == [True, False]
+    assert result.cosine[1] == pytest.approx(1.0, abs=1e-5)  # the longest row has no padding
+    assert result.relative_l2[0] > 0.05  # the short row's naive vector is a different vector
+    assert backbone.tokenizer.padding_side == "right"  # encode restores the tokenizer

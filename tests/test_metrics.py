@@ -1,0 +1,59 @@
+import numpy as np
+import pytest
+
+from decisionkit.data import Split, read_jsonl
+from decisionkit.metrics import expected_calibration_error, prior_predictions, score, uniform_predictions
+
+
+def test_uniform_row_of_the_benchmark(splits):
+    """The dataset card's "Uniform" row on the test split: KL 0.444, Brier 0.238."""
+    overall = score(splits["test"], uniform_predictions(splits["test"])).overall()
+    assert overall["kl"] == pytest.approx(0.444, abs=5e-4)
+    assert overall["brier"] == pytest.approx(0.238, abs=5e-4)
+    assert overall["decisions"] == 2000
+
+
+def test_prior_fitted_on_train_beats_uniform_on_test(splits):
+    prior = score(splits["test"], prior_predictions(splits["train"], splits["test"])).overall()
+    uniform = score(splits["test"], uniform_predictions(splits["test"])).overall()
+    assert prior["kl"] < uniform["kl"] and prior["brier"] < uniform["brier"]
+    assert 0.45 < prior["accuracy"] < 0.50  # the card's prior row: 0.470
+
+
+def test_per_decision_formulas_by_hand(tmp_path):
+    line = ('{"id": "c", "workflow": "w", "state": {}, "questions": {"q": {"type": "choice", "instructions": "",'
+            ' "criteria": {"a": "", "b": "", "c": ""}}}, "gold": {"q": {"probabilities": '
+            '{"a": 0.5, "b": 0.5, "c": 0.0}, "label": "b"}}}')
+    (tmp_path / "x.jsonl").write_text(line + "\n")
+    cases = Split("x", read_jsonl(tmp_path / "x.jsonl"), "x")
+    row = score(cases, [{"q": np.array([0.6, 0.4, 0.0])}]).decisions.iloc[0]
+    assert row["correct"]  # tie in gold goes to the first-listed key, "a"
+    assert not row["correct_label"]  # the stored label says "b"
+    assert row["kl"] == pytest.approx(0.5 * np.log(0.5 / 0.6) + 0.5 * np.log(0.5 / 0.4))  # the c term is skipped
+    assert row["brier"] == pytest.approx(0.01 + 0.01)
+    assert row["confidence"] == pytest.approx(0.6)
+
+
+def test_kl_floors_zero_predictions(splits):
+    case = splits["test"][0]
+    bad = {qid: np.eye(len(q.options))[-1] for qid, q in case.questions.items()}
+    kl = score(Split("one", [case], "x"), [bad]).decisions["kl"]
+    assert np.isfinite(kl).all() and kl.max() < 30  # ln(1e12) ~ 27.6 caps each term
+
+
+def test_ece_small_table():
+    # Two bins used: 0.9 confidence with 50% right (gap 0.4), 0.3 with 0% right (gap 0.3); equal weights.
+    conf = np.array([0.9, 0.9, 0.3, 0.3])
+    correct = np.array([1, 0, 0, 0])
+    assert expected_calibration_error(conf, correct) == pytest.approx(0.35)
+    assert expected_calibration_error(np.array([1.0]), np.array([1])) == 0.0  # 1.0 lands in the top bin
+
+
+def test_shapes_are_checked(splits):
+    case = splits["test"][0]
+    with pytest.raises(ValueError, match="expected one per case"):
+        score(splits["test"], [])
+    qid = next(iter(case.questions))
+    wrong = {q: np.array([1.0]) for q in case.questions}
+    with pytest.raises(ValueError, match=f"question '{qid}': prediction has 1 probabilities"):
+        score(Split("one", [case], "x"), [wrong])
