@@ -264,28 +264,16 @@ def _unsloth_usable(device: str) -> bool:
     return device == "cuda" and importlib.util.find_spec("unsloth") is not None
 
 
-def _load_unsloth(resolved: Resolved, quant, lora, max_seq_length: int, trust_remote_code: bool):
+def _load_unsloth(resolved: Resolved, quant, max_seq_length: int, trust_remote_code: bool):
     from unsloth import FastLanguageModel  # imported lazily: it needs a GPU and patches transformers
 
-    model, tokenizer = FastLanguageModel.from_pretrained(
+    return FastLanguageModel.from_pretrained(
         model_name=str(resolved.path),
         max_seq_length=max_seq_length,
         dtype=None,
         load_in_4bit=quant is not None,
         trust_remote_code=trust_remote_code,
     )
-    if lora is not None:
-        model = FastLanguageModel.get_peft_model(
-            model,
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules),
-            bias="none",
-            use_gradient_checkpointing="unsloth",
-            random_state=lora.seed,
-        )
-    return model, tokenizer
 
 
 @contextmanager
@@ -302,7 +290,7 @@ def _quiet_progress():
             hf_logging.enable_progress_bar()
 
 
-def _load_transformers(resolved: Resolved, quant, lora, device: str, trust_remote_code: bool):
+def _load_transformers(resolved: Resolved, quant, device: str, trust_remote_code: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": True}
@@ -323,16 +311,33 @@ def _load_transformers(resolved: Resolved, quant, lora, device: str, trust_remot
     if quant is None:
         model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
-    if lora is not None:
+    return model, tokenizer
+
+
+def add_lora(backbone: Backbone, lora: LoraSettings) -> Backbone:
+    """Attach trainable LoRA adapters (Unsloth's on a GPU with Unsloth, else peft's); the base stays frozen."""
+    if backbone.lora is not None:
+        raise ValueError("the backbone already has LoRA adapters")
+    if backbone.engine == "unsloth":
+        from unsloth import FastLanguageModel
+
+        model = FastLanguageModel.get_peft_model(
+            backbone.model, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), bias="none", use_gradient_checkpointing="unsloth",
+            random_state=lora.seed,
+        )
+    else:
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-        if quant is not None:
+        model = backbone.model
+        if backbone.quantize is not None:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         torch.manual_seed(lora.seed)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
         model = get_peft_model(model, config)
-    return model, tokenizer
+    backbone.model, backbone.lora = model, lora
+    return backbone
 
 
 def load_backbone(
@@ -356,16 +361,16 @@ def load_backbone(
     resolved = resolve_backbone(name_or_path, cache_dir)
     notes = []
     if _unsloth_usable(device):
-        model, tokenizer = _load_unsloth(resolved, quant, lora, max_seq_length, trust_remote_code)
+        model, tokenizer = _load_unsloth(resolved, quant, max_seq_length, trust_remote_code)
         engine = "unsloth"
     else:
-        model, tokenizer = _load_transformers(resolved, quant, lora, device, trust_remote_code)
+        model, tokenizer = _load_transformers(resolved, quant, device, trust_remote_code)
         engine = "transformers"
         if device == "cpu" and (quant or lora):
             notes.append("no GPU: transformers + bitsandbytes + peft stand in for Unsloth (same settings)")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if lora is None:  # feature extraction: frozen weights, no dropout
-        model.eval().requires_grad_(False)
-    return Backbone(model, tokenizer, resolved, engine, device, quant, lora, notes)
+    model.eval().requires_grad_(False)  # frozen; add_lora makes only the adapters trainable
+    backbone = Backbone(model, tokenizer, resolved, engine, device, quant, None, notes)
+    return add_lora(backbone, lora) if lora is not None else backbone
 

@@ -1,83 +1,139 @@
 """The ``decisionkit`` command line.
 
-``decisionkit demo`` is the README's main job: resolve the backbone (offline by default), load typed-decisions,
-extract pooled features for a sample of each split, and print the pooling comparison it measured.
+- ``decisionkit demo``: the README's main job. Train with the CPU quick preset, evaluate on validation and test,
+  score the zero-shot baseline on a validation sample, and write ``runs/demo/`` (model, report.json, report.md).
+- ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
+- ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
-import torch
-import transformers
-
 from . import __version__, settings
-from .backbone import BackboneError, load_backbone
-from .data import DataError, load_typed_decisions, token_lengths
-from .probe import pooling_comparison
+from .backbone import BackboneError
+from .data import DataError, load_typed_decisions
+from .metrics import score
+from .model import QuestionError, load
+from .report import RunReport
+from .training import PRESETS, preset, train
 
 
-def _write_json_atomic(path: Path, payload: dict) -> None:
+def _write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = path.with_suffix(path.suffix + ".tmp")
-    scratch.write_text(json.dumps(payload, indent=2))
+    scratch.write_text(json.dumps(payload, indent=2, default=str))
     scratch.replace(path)
 
 
-def demo(args: argparse.Namespace) -> int:
+def run_training(args) -> RunReport:
+    """Train, evaluate on validation and test, optionally score zero-shot, and save the report beside the model."""
+    p = preset(args.preset)
+    print(f"training preset {p.name} ({p.mode}) into {args.out}")
+    result = train(p, args.out, data_dir=args.data, resume=not args.restart, progress=not args.quiet)
+    model = load(args.out)
+    splits = {name: load_typed_decisions(name, args.data) for name in ("validation", "test")}
+    scores = {name: score(cases, model.predict(cases)) for name, cases in splits.items()}
+    baselines = {}
+    if args.zero_shot:
+        from .zeroshot import zero_shot_predictions
+
+        sample = splits["validation"].head(args.zero_shot)
+        baselines[f"zero-shot ({len(sample)} validation cases)"] = score(
+            sample, zero_shot_predictions(model.backbone, sample, progress=not args.quiet))
+    backbone = model.backbone
+    report = RunReport(
+        backbone={"name": backbone.name, "source": backbone.resolved.source, "weights_sha256": backbone.checksum},
+        data_source=splits["test"].source,
+        training={"preset": p.name, "mode": p.mode, "seconds": result.seconds,
+                  "peak_memory_gb": result.peak_memory_gb, "best_val_loss": result.best_val_loss, **result.extra},
+        scores=scores, baselines=baselines)
+    report.save(args.out)
+    return report
+
+
+def cmd_train(args) -> int:
+    report = run_training(args)
+    print(report.card())
+    return 0
+
+
+def cmd_demo(args) -> int:
     started = time.perf_counter()
-    per_workflow = args.per_workflow or (10 if settings.quick_mode() else 40)
-    print(f"decisionkit {__version__} · torch {torch.__version__} · transformers {transformers.__version__} · "
-          f"{torch.get_num_threads()} threads")
+    report = run_training(args)
+    print("\n" + report.card())
+    print(f"\nwrote {args.out}/ (model, report.json, report.md) in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    model = load(args.run)
+    cases = load_typed_decisions(args.split, args.data)
+    scores = score(cases, model.predict(cases))
+    print(scores.summary().round(4).to_string())
+    print(scores.summary("type").round(4).to_string())
+    _write_json(Path(args.run) / f"eval-{args.split}.json",
+                {"split": args.split, **{k: float(v) for k, v in scores.overall().items()}})
+    return 0
+
+
+def cmd_pooling(args) -> int:
+    from .backbone import load_backbone
+    from .probe import pooling_comparison
+
     backbone = load_backbone(args.backbone)
-    print(f"backbone: {backbone.name} ({backbone.resolved.source}), {backbone.num_layers} layers, "
-          f"hidden {backbone.hidden_size}, weights sha256 {backbone.checksum[:16]}…")
-    train = load_typed_decisions("train", args.data).head(per_workflow)
-    validation = load_typed_decisions("validation", args.data).head(per_workflow // 2 or 1)
-    print(f"data: {train.source} · sample of {len(train)} train / {len(validation)} validation cases")
-    lengths = token_lengths(train, backbone.tokenizer).table().loc["all"]
-    print(f"tokens per state: median {lengths['median']:.0f}, p95 {lengths['p95']:.0f}, max {lengths['max']:.0f}")
-    comparison = pooling_comparison(backbone, train, validation, max_length=args.max_length)
-    table = comparison.table()
-    print("\nLinear probe on frozen features (validation sample):")
+    per_workflow = args.per_workflow or (10 if settings.quick_mode() else 40)
+    train_split = load_typed_decisions("train", args.data).head(per_workflow)
+    validation = load_typed_decisions("validation", args.data).head(max(1, per_workflow // 2))
+    print(f"backbone {backbone.name} ({backbone.resolved.source}); {len(train_split)} train / {len(validation)} "
+          f"validation cases")
+    table = pooling_comparison(backbone, train_split, validation, max_length=args.max_length).table()
     print(table.to_string())
-    best = comparison.best()
-    seconds = time.perf_counter() - started
-    print(f"\nbest: {best.name} at {best.scores.overall()['accuracy']:.3f} accuracy on {len(validation)} "
-          f"validation cases ({len(validation) * 5} decisions); wall time {seconds:.0f} s")
-    report = {
-        "decisionkit": __version__,
-        "backbone": {"name": backbone.name, "source": backbone.resolved.source,
-                     "weights_sha256": backbone.checksum, "layers": backbone.num_layers},
-        "data": {"source": train.source, "train_cases": len(train), "validation_cases": len(validation)},
-        "max_length": args.max_length,
-        "probes": table.reset_index().to_dict(orient="records"),
-        "wall_seconds": seconds,
-        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
-    }
-    out = Path(args.out) / "pooling.json"
-    _write_json_atomic(out, report)
-    print(f"wrote {out}")
+    _write_json(Path(args.out) / "pooling.json", {"probes": table.reset_index().to_dict(orient="records"),
+                                                  "train_cases": len(train_split), "validation_cases": len(validation)})
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="decisionkit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="decisionkit", description="Decision models: train, evaluate, demo.")
     parser.add_argument("--version", action="version", version=f"decisionkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("demo", help="the main job: backbone, data, pooled features, pooling comparison")
-    run.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")
-    run.add_argument("--data", default=None, help=f"typed-decisions folder (default: ${settings.DATA_ENV} or hub)")
-    run.add_argument("--per-workflow", type=int, default=None,
-                     help="train cases per workflow in the sample (default 40; 10 with DECISIONKIT_QUICK=1)")
-    run.add_argument("--max-length", type=int, default=512, help="truncate rendered states to this many tokens")
-    run.add_argument("--out", default="runs/demo", help="folder for the JSON report")
-    run.set_defaults(handler=demo)
+
+    def common(sub, out_default=None):
+        sub.add_argument("--data", default=None, help=f"typed-decisions folder (default: ${settings.DATA_ENV} or hub)")
+        if out_default is not None:
+            sub.add_argument("--out", default=out_default, help="output folder")
+
+    for name, handler, default_preset, help_text in (
+            ("demo", cmd_demo, "cpu-quick", "the main job: train the CPU quick preset, evaluate, write runs/demo"),
+            ("train", cmd_train, None, "train a preset and evaluate it on validation and test")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--preset", default=default_preset, required=default_preset is None, choices=sorted(PRESETS))
+        common(sub, "runs/demo" if name == "demo" else None)
+        if name == "train":
+            sub.add_argument("--out", required=True, help="folder for the model and its report")
+        sub.add_argument("--zero-shot", type=int, default=5 if name == "demo" else 0, metavar="N",
+                         help="also score the zero-shot baseline on N validation cases per workflow (0: skip)")
+        sub.add_argument("--restart", action="store_true", help="ignore a checkpoint left by an interrupted run")
+        sub.add_argument("--quiet", action="store_true", help="no progress bars")
+        sub.set_defaults(handler=handler)
+
+    sub = commands.add_parser("evaluate", help="score a saved model on a split")
+    sub.add_argument("run", help="folder of a saved model")
+    sub.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    common(sub)
+    sub.set_defaults(handler=cmd_evaluate)
+
+    sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")
+    sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")
+    sub.add_argument("--per-workflow", type=int, default=None, help="train cases per workflow (default 40)")
+    sub.add_argument("--max-length", type=int, default=512, help="truncate rendered states to this many tokens")
+    common(sub, "runs/pooling")
+    sub.set_defaults(handler=cmd_pooling)
     return parser
 
 
@@ -85,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (BackboneError, DataError, FileNotFoundError, ValueError) as err:  # the user's input: no traceback
+    except (BackboneError, DataError, QuestionError, FileNotFoundError, ValueError) as err:  # no traceback
         print(f"decisionkit: error: {err}", file=sys.stderr)
         return 2
 

@@ -44,20 +44,31 @@ class Encoded:
     input_ids: torch.Tensor
 
 
-@torch.inference_mode()
-def encode(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
-           padding_side: str = "right") -> Encoded:
-    """Tokenize ``texts`` (truncated to ``max_length``) and run the decoder once, keeping every layer."""
+def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
+             padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """Token ids and attention mask of ``texts``, truncated to ``max_length``, on the backbone's device."""
     tokenizer = backbone.tokenizer
     kept, tokenizer.padding_side = tokenizer.padding_side, padding_side
     try:
         batch = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = kept
-    batch = {k: v.to(backbone.device) for k, v in batch.items()}
+    return {k: v.to(backbone.device) for k, v in batch.items()}
+
+
+def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Every layer's hidden states for a tokenized batch (gradients flow: training uses this too)."""
     out = backbone.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                            output_hidden_states=True)
-    return Encoded(tuple(h.float() for h in out.hidden_states), batch["attention_mask"], batch["input_ids"])
+    return tuple(h.float() for h in out.hidden_states)
+
+
+@torch.inference_mode()
+def encode(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
+           padding_side: str = "right") -> Encoded:
+    """Tokenize ``texts`` and run the decoder once without gradients, keeping every layer."""
+    batch = tokenize(backbone, texts, max_length, padding_side)
+    return Encoded(hidden_states(backbone, batch), batch["attention_mask"], batch["input_ids"])
 
 
 @dataclass
@@ -96,6 +107,7 @@ def _save_atomic(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, 
     os.close(fd)
     try:
         save_file(arrays, scratch, metadata=metadata)
+        os.chmod(scratch, 0o644)  # mkstemp makes it private; the cache may be shared
         os.replace(scratch, path)
     finally:
         if os.path.exists(scratch):

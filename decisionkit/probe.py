@@ -1,8 +1,8 @@
 """Linear probes on frozen features: how much of each answer a pooled vector already carries.
 
-A probe is one multinomial logistic regression per (workflow, question), trained on soft gold: each training
-case appears once per option with the gold probability as its sample weight, which makes scikit-learn's
-log-loss exactly the soft-label cross-entropy. The L2 strength is picked on the validation split only.
+A probe is the decision model's own heads (one linear softmax layer per workflow and question, soft-gold
+cross-entropy) trained on fixed features, standardized with train statistics. The L2 strength is picked on the
+validation split only, as the heads-only training mode does.
 """
 
 from __future__ import annotations
@@ -11,46 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from sklearn.linear_model import LogisticRegression
-from sklearn.preprocessing import StandardScaler
+import torch
 
 from .data import Split
 from .features import Features, extract_features
+from .heads import HeadSet, fit_heads, predict
 from .metrics import Scores, score
 
-C_GRID = (0.003, 0.01, 0.03, 0.1)  # inverse L2 strength; ~280 cases per question against 576 features
-MAX_ITER = 300  # lbfgs converges well before this on standardized features
-
-
-def _soft_rows(x: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Repeat each case once per option with positive gold probability: features, option index, weight."""
-    case, option = np.nonzero(gold > 0)
-    return x[case], option, gold[case, option]
-
-
-def _fit_predict(x_train, gold_train, x_eval, c: float) -> np.ndarray:
-    k = gold_train.shape[1]
-    xs, ys, ws = _soft_rows(x_train, gold_train)
-    model = LogisticRegression(C=c, max_iter=MAX_ITER).fit(xs, ys, sample_weight=ws)
-    probs = np.zeros((len(x_eval), k))
-    probs[:, model.classes_] = model.predict_proba(x_eval)  # options never seen in training get 0
-    return probs
-
-
-def _gold_matrix(cases: Split, index: list[int], qid: str) -> np.ndarray:
-    return np.stack([cases[i].gold[qid].probabilities for i in index])
-
-
-def _predict(train_x, train: Split, eval_x, cases: Split, c: float) -> list[dict[str, np.ndarray]]:
-    predictions: list[dict[str, np.ndarray]] = [{} for _ in cases]
-    for workflow, questions in cases.schema().items():
-        tr = [i for i, case in enumerate(train) if case.workflow == workflow]
-        ev = [i for i, case in enumerate(cases) if case.workflow == workflow]
-        for qid in questions:
-            probs = _fit_predict(train_x[tr], _gold_matrix(train, tr, qid), eval_x[ev], c)
-            for row, i in enumerate(ev):
-                predictions[i][qid] = probs[row]
-    return predictions
+L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
 
 
 @dataclass
@@ -58,31 +26,27 @@ class ProbeResult:
     """Validation scores of the best L2 strength, with the search that found it."""
 
     name: str
-    c: float
+    l2: float
     scores: Scores
-    search: dict[float, float] = field(repr=False)  # C -> validation KL
+    history: pd.DataFrame = field(repr=False)  # validation loss along training, per L2 strength
 
     def row(self) -> dict:
         by_type = self.scores.summary("type")["accuracy"]
         overall = self.scores.overall()
         return {"probe": self.name, "accuracy": overall["accuracy"],
                 **{f"accuracy {t}": float(a) for t, a in by_type.items()},
-                "kl": overall["kl"], "brier": overall["brier"], "ece": overall["ece"], "C": self.c}
+                "kl": overall["kl"], "brier": overall["brier"], "ece": overall["ece"], "L2": self.l2}
 
 
 def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validation: Split, name: str = "probe",
-                 c_grid=C_GRID) -> ProbeResult:
-    """Fit soft-label probes on ``train`` features and score them on ``validation`` (picking C there)."""
-    scaler = StandardScaler().fit(train_x)
-    train_x, val_x = scaler.transform(train_x), scaler.transform(val_x)
-    best = None
-    search = {}
-    for c in c_grid:
-        scores = score(validation, _predict(train_x, train, val_x, validation, c))
-        search[c] = scores.overall()["kl"]
-        if best is None or search[c] < search[best[0]]:
-            best = (c, scores)
-    return ProbeResult(name, best[0], best[1], search)
+                 l2_grid=L2_GRID) -> ProbeResult:
+    """Fit soft-label linear heads on ``train`` features and score them on ``validation`` (picking L2 there)."""
+    mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-6
+    tx = torch.as_tensor((train_x - mean) / std, dtype=torch.float32)
+    vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
+    heads = HeadSet(train.schema(), tx.shape[1])
+    fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, progress=False)
+    return ProbeResult(name, fit.l2, score(validation, predict(heads, vx, validation)), pd.DataFrame(fit.history))
 
 
 @dataclass
@@ -104,7 +68,7 @@ class ProbeComparison:
 
 
 def compare_probes(train_features: Features, train: Split, val_features: Features, validation: Split,
-                   settings: list[tuple[str, int | None]], c_grid=C_GRID) -> ProbeComparison:
+                   settings: list[tuple[str, int | None]], l2_grid=L2_GRID) -> ProbeComparison:
     """One probe per (pooling, layer) setting, all trained on ``train`` and scored on ``validation``."""
     if train_features.ids != train.ids or val_features.ids != validation.ids:
         raise ValueError("features and cases are not aligned: extract the features from these same splits")
@@ -112,7 +76,7 @@ def compare_probes(train_features: Features, train: Split, val_features: Feature
     for pooling, layer in settings:
         layer = train_features.layers[-1] if layer is None else layer
         results.append(linear_probe(train_features.get(pooling, layer), train, val_features.get(pooling, layer),
-                                    validation, name=f"{pooling} pooling, layer {layer}", c_grid=c_grid))
+                                    validation, name=f"{pooling} pooling, layer {layer}", l2_grid=l2_grid))
     return ProbeComparison(results)
 
 

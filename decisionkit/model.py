@@ -1,0 +1,275 @@
+"""The decision model: backbone + pooling + one head per question, answering every question in one pass.
+
+``model.decide(state, questions=None)`` returns answers in the System One shape:
+
+- noul:   ``{"type": "noul", "noul": P(true)}``
+- choice: ``{"type": "choice", "choice": top, "confidence": P(top), "probabilities": {option: p}}``
+- score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "probabilities": {"0": p}}``
+
+``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
+feature settings, question schemas, temperatures), ``heads.safetensors`` and, for LoRA models, ``adapter/``.
+Saving is atomic. ``decisionkit.load(path)`` refuses a backbone whose weights differ from the trained one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from . import __version__
+from .backbone import Backbone, LoraSettings, add_lora, load_backbone
+from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
+from .features import default_layers, extract_features, hidden_states, tokenize
+from .heads import HeadSet, predict
+from .pooling import pool
+
+CONFIG_FILE = "decisionkit.json"
+HEADS_FILE = "heads.safetensors"
+ADAPTER_DIR = "adapter"
+FORMAT_VERSION = 1  # bump when the saved layout changes
+
+
+class QuestionError(ValueError):
+    """A question the model cannot answer as asked: unknown, or different from the trained head."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Which pooled vector the heads read."""
+
+    pooling: str = "mean"  # mean pooling probed best on frozen SmolLM2 (notebook 01)
+    layers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # concatenated; fractions of the depth, or layer numbers
+    max_length: int = 512  # truncation; every typed-decisions state fits
+
+    def resolved(self, num_layers: int) -> "FeatureSpec":
+        """Layer fractions turned into layer numbers for a backbone of ``num_layers`` layers."""
+        layers = tuple(int(x) if isinstance(x, int) else max(1, round(x * num_layers)) for x in self.layers)
+        return replace(self, layers=layers)
+
+    def to_json(self) -> dict:
+        return {"pooling": self.pooling, "layers": list(self.layers), "max_length": self.max_length}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "FeatureSpec":
+        return cls(obj["pooling"], tuple(obj["layers"]), obj["max_length"])
+
+
+def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
+    return {wf: {qid: q.to_json() for qid, q in questions.items()} for wf, questions in schema.items()}
+
+
+def _schema_from_json(obj: dict) -> dict[str, dict[str, Question]]:
+    return {wf: {qid: Question.from_json(qid, q, "saved schema") for qid, q in qs.items()} for wf, qs in obj.items()}
+
+
+class DecisionModel(nn.Module):
+    """A backbone read once per input, pooled, and answered by light linear heads."""
+
+    def __init__(self, backbone: Backbone, schema: dict[str, dict[str, Question]], spec: FeatureSpec = FeatureSpec()):
+        super().__init__()
+        self.backbone = backbone
+        self.encoder = backbone.model  # registered, so optimizers and accelerate see LoRA parameters
+        self.schema = schema
+        self.spec = spec = spec.resolved(backbone.num_layers)
+        dim = backbone.hidden_size * len(spec.layers)
+        self.heads = HeadSet(schema, dim)
+        # Hidden states have a few huge dimensions; standardizing with train statistics lets one learning rate
+        # and one weight decay serve every head. Set by ``set_normalization`` from the train features.
+        self.register_buffer("feature_mean", torch.zeros(dim))
+        self.register_buffer("feature_std", torch.ones(dim))
+        self.temperatures = {t: 1.0 for t in QUESTION_TYPES}  # fitted on validation by calibration
+        self.to(backbone.device)
+
+    # ----- features -------------------------------------------------------------------------------------------
+    def set_normalization(self, features: np.ndarray) -> None:
+        self.feature_mean.copy_(torch.as_tensor(features.mean(axis=0)))
+        self.feature_std.copy_(torch.as_tensor(features.std(axis=0) + 1e-6))
+
+    def normalize(self, features: torch.Tensor) -> torch.Tensor:
+        return (features - self.feature_mean) / self.feature_std
+
+    def attach_lora(self, settings: LoraSettings) -> None:
+        add_lora(self.backbone, settings)
+        self.encoder = self.backbone.model
+
+    def forward(self, texts: Sequence[str]) -> torch.Tensor:
+        """The heads' input for ``texts``: one forward pass, pooled at every layer of the spec, concatenated,
+        standardized. Gradients flow when LoRA adapters train."""
+        batch = tokenize(self.backbone, texts, self.spec.max_length)
+        hidden = hidden_states(self.backbone, batch)
+        vectors = [pool(hidden[layer], batch["attention_mask"], self.spec.pooling) for layer in self.spec.layers]
+        return self.normalize(torch.cat(vectors, dim=-1))
+
+    def raw_split_features(self, cases: Split) -> torch.Tensor:
+        """Unnormalized features of a frozen backbone, read from (or written to) the on-disk cache. The cache
+        holds the default layers too, so notebooks, probes and training share one extraction."""
+        layers = sorted(set(default_layers(self.backbone.num_layers)) | set(self.spec.layers))
+        feats = extract_features(self.backbone, cases, layers=layers, max_length=self.spec.max_length)
+        raw = np.hstack([feats.get(self.spec.pooling, layer) for layer in self.spec.layers])
+        return torch.as_tensor(raw, device=self.backbone.device)
+
+    def split_features(self, cases: Split) -> torch.Tensor:
+        """Normalized features of a split: from the cache when the backbone is frozen, else one pass per case."""
+        if self.backbone.lora is None:
+            return self.normalize(self.raw_split_features(cases))
+        with torch.inference_mode():
+            return torch.cat([self([case.text]) for case in cases])
+
+    # ----- answers --------------------------------------------------------------------------------------------
+    def probabilities(self, features: torch.Tensor, workflow: str, questions=None) -> dict[str, torch.Tensor]:
+        """Calibrated answer distributions per question for a batch of one workflow's features."""
+        logits = self.heads(features, workflow, questions)
+        return {qid: torch.softmax(z / self.temperatures[self.schema[workflow][qid].type], dim=-1)
+                for qid, z in logits.items()}
+
+    @torch.inference_mode()
+    def predict(self, cases: Split) -> list[dict[str, np.ndarray]]:
+        """Calibrated probabilities per case and question, in option order (what ``metrics.score`` takes)."""
+        return predict(self.heads, self.split_features(cases), cases, self.temperatures)
+
+    def _workflow_for(self, questions: dict | None, workflow: str | None) -> str:
+        if workflow is not None:
+            if workflow not in self.schema:
+                raise QuestionError(f"workflow {workflow!r} has no trained heads; expected one of {sorted(self.schema)}")
+            return workflow
+        if len(self.schema) == 1:
+            return next(iter(self.schema))
+        if questions:
+            fits = [wf for wf, qs in self.schema.items() if set(questions) <= set(qs)]
+            if len(fits) == 1:
+                return fits[0]
+            if not fits:
+                raise QuestionError(f"no trained workflow asks all of {sorted(questions)}; pass workflow= one of "
+                                    f"{sorted(self.schema)}")
+        raise QuestionError(f"this model answers several workflows; pass workflow= one of {sorted(self.schema)}")
+
+    def _check_questions(self, workflow: str, questions: dict | None) -> list[str]:
+        trained = self.schema[workflow]
+        if questions is None:
+            return list(trained)
+        for name, asked in questions.items():
+            if name not in trained:
+                raise QuestionError(f"question {name!r}: no trained head in workflow {workflow!r}; trained questions "
+                                    f"are {list(trained)}")
+            expected = trained[name]
+            got = Question.from_json(name, asked, "request")
+            if got.type != expected.type:
+                raise QuestionError(f"question {name!r}: type {got.type!r} differs from the trained head's "
+                                    f"{expected.type!r}")
+            if got.options != expected.options:
+                raise QuestionError(f"question {name!r}: options {list(got.options)} differ from the trained head's "
+                                    f"{list(expected.options)}")
+        return list(questions)
+
+    @torch.inference_mode()
+    def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
+        """Answer ``questions`` (System One shape; default: every trained question) about ``state``."""
+        workflow = self._workflow_for(questions, workflow)
+        qids = self._check_questions(workflow, questions)
+        features = self([render_state(state, workflow)])
+        probs = self.probabilities(features, workflow, qids)
+        return {qid: answer(self.schema[workflow][qid], probs[qid][0].cpu().numpy()) for qid in qids}
+
+    # ----- saving ---------------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        backbone = self.backbone
+        return {
+            "format": FORMAT_VERSION,
+            "decisionkit": __version__,
+            "backbone": {"name": backbone.name, "weights_sha256": backbone.checksum,
+                         "quantize": asdict(backbone.quantize) if backbone.quantize else None,
+                         "lora": asdict(backbone.lora) if backbone.lora else None},
+            "render_version": RENDER_VERSION,
+            "features": self.spec.to_json(),
+            "schema": _schema_to_json(self.schema),
+            "temperatures": dict(self.temperatures),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model folder atomically: a crash mid-save leaves the previous save intact."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+        try:
+            tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in self.heads.state_dict().items()}
+            tensors["feature_mean"] = self.feature_mean.cpu()
+            tensors["feature_std"] = self.feature_std.cpu()
+            save_file(tensors, scratch / HEADS_FILE)
+            if self.backbone.lora is not None:
+                self.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
+            (scratch / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+            scratch.chmod(0o755)
+            old = path.with_name(f".{path.name}.old")
+            if path.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(path, old)
+            os.replace(scratch, path)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return path
+
+    def load_trained(self, path: str | Path) -> None:
+        """Load the heads, normalization and (when saved) adapter weights of a saved folder into this model."""
+        path = Path(path)
+        tensors = load_file(str(path / HEADS_FILE))
+        self.heads.load_state_dict({k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")})
+        self.feature_mean.copy_(tensors["feature_mean"])
+        self.feature_std.copy_(tensors["feature_std"])
+        adapter = path / ADAPTER_DIR / "adapter_model.safetensors"
+        if self.backbone.lora is not None and adapter.is_file():
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.encoder, load_file(str(adapter)))
+
+
+def answer(question: Question, probs: np.ndarray) -> dict:
+    """One System One answer from a probability vector in option order."""
+    probs = probs.astype(float)
+    top = int(np.argmax(probs))
+    table = {option: float(p) for option, p in zip(question.options, probs)}
+    if question.type == "noul":
+        return {"type": "noul", "noul": table["true"]}
+    if question.type == "choice":
+        return {"type": "choice", "choice": question.options[top], "confidence": float(probs[top]),
+                "probabilities": table}
+    return {"type": "score", "score": float(np.dot(np.arange(len(probs)), probs)), "confidence": float(probs[top]),
+            "probabilities": table}
+
+
+def load(path: str | Path, backbone: str | Path | None = None, device: str | None = None) -> DecisionModel:
+    """Open a saved decision model. ``backbone`` overrides where the weights are found (a local folder, say);
+    the weights must still be the ones the model was trained on."""
+    path = Path(path)
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a saved decision model")
+    config = json.loads(config_path.read_text())
+    if config.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{config_path}: format {config.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
+    saved = config["backbone"]
+    quantize = "4bit" if saved["quantize"] else None
+    base = load_backbone(backbone or saved["name"], quantize=quantize, device=device)
+    if base.checksum != saved["weights_sha256"]:
+        raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
+                         f"trained on {saved['name']!r} with {saved['weights_sha256'][:16]}…")
+    if config["render_version"] != RENDER_VERSION:
+        raise ValueError(f"{config_path}: rendering {config['render_version']!r}; this decisionkit renders "
+                         f"{RENDER_VERSION!r}")
+    model = DecisionModel(base, _schema_from_json(config["schema"]), FeatureSpec.from_json(config["features"]))
+    if saved["lora"] is not None:
+        model.attach_lora(LoraSettings(**{**saved["lora"], "target_modules": tuple(saved["lora"]["target_modules"])}))
+    model.load_trained(path)
+    model.temperatures.update(config["temperatures"])
+    return model.eval()
+

@@ -1,0 +1,95 @@
+"""Run reports: every metric of a trained model as JSON, a readable Markdown page, and a short report card."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .environment import environment
+from .metrics import Scores
+
+# Quoted from the course's reference run and the benchmark's leaderboard, never recomputed here.
+REFERENCES = pd.DataFrame([
+    {"model": "Qwen3.5-4B 4-bit + LoRA r16 (reference run, validation)", "accuracy": 0.805},
+    {"model": "Qwen3.5-4B 4-bit + LoRA r16 (reference run, test)", "accuracy": 0.749},
+    {"model": "Qwen3.5-4B zero-shot (reference run)", "accuracy": 0.305},
+    {"model": "decider-75M", "accuracy": 0.805},
+    {"model": "decider-175M", "accuracy": 0.812},
+    {"model": "4B with ordinal heads", "accuracy": 0.7965, "kl": 0.082, "brier": 0.045},
+    {"model": "Gemma 3 270M full fine-tune", "accuracy": 0.761},
+    {"model": "prior (benchmark row)", "accuracy": 0.470},
+    {"model": "uniform (benchmark row)", "kl": 0.444, "brier": 0.238},
+]).set_index("model")
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _metrics(scores: Scores) -> dict:
+    return {
+        **{k: float(v) for k, v in scores.overall().items()},
+        "by_type": scores.summary("type").to_dict(orient="index"),
+        "by_workflow": scores.summary("workflow").to_dict(orient="index"),
+    }
+
+
+@dataclass
+class RunReport:
+    """What a run measured, split by split, with where the backbone and data came from."""
+
+    backbone: dict
+    data_source: str
+    training: dict
+    scores: dict[str, Scores]  # split name -> scores of the trained model
+    baselines: dict[str, Scores] = field(default_factory=dict)  # e.g. "zero-shot (validation)" -> scores
+
+    def to_json(self) -> dict:
+        return {
+            "backbone": self.backbone,
+            "data": {"source": self.data_source},
+            "training": self.training,
+            **{split: _metrics(s) for split, s in self.scores.items()},
+            "baselines": {name: _metrics(s) for name, s in self.baselines.items()},
+            "environment": environment(),
+            "commit": git_commit(),
+        }
+
+    def table(self) -> pd.DataFrame:
+        rows = {f"trained model ({split})": s.overall() for split, s in self.scores.items()}
+        rows.update({name: s.overall() for name, s in self.baselines.items()})
+        return pd.DataFrame(rows).T[["decisions", "accuracy", "accuracy_label", "kl", "brier", "ece"]]
+
+    def card(self) -> str:
+        lines = [f"backbone   {self.backbone['name']} ({self.backbone['source']})",
+                 f"training   preset {self.training['preset']}, {self.training['seconds']:.0f} s, "
+                 f"peak memory {self.training['peak_memory_gb']:.2f} GB"]
+        for name, row in self.table().iterrows():
+            lines.append(f"{name:<34} accuracy {row['accuracy']:.3f}  KL {row['kl']:.3f}  "
+                         f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        parts = ["# decisionkit run report", "", "```", self.card(), "```", "",
+                 "## Scores", "", self.table().round(4).to_markdown(), ""]
+        for split, s in self.scores.items():
+            parts += [f"## {split}: by question type", "", s.summary("type").round(4).to_markdown(), "",
+                      f"## {split}: by workflow", "", s.summary("workflow").round(4).to_markdown(), ""]
+        parts += ["## Quoted references (not measured here)", "", REFERENCES.to_markdown(), ""]
+        return "\n".join(parts)
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        for name, text in (("report.json", json.dumps(self.to_json(), indent=2, default=str)),
+                           ("report.md", self.markdown())):
+            scratch = folder / f".{name}.tmp"
+            scratch.write_text(text)
+            scratch.replace(folder / name)

@@ -1,0 +1,106 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import decisionkit
+from decisionkit.data import Split
+from decisionkit.model import CONFIG_FILE, DecisionModel, FeatureSpec, QuestionError, answer, load
+
+
+@pytest.fixture(scope="module")
+def model(backbone, splits):
+    torch.manual_seed(0)
+    m = DecisionModel(backbone, splits["train"].schema(), FeatureSpec(max_length=128))
+    for head in m.heads.heads.values():
+        torch.nn.init.normal_(head.weight, std=0.01)
+    return m
+
+
+def test_spec_resolves_depth_fractions(model):
+    assert model.spec.layers == (8, 15, 22, 30)
+    assert FeatureSpec(layers=(0.5, 7)).resolved(36).layers == (18, 7)
+
+
+def test_decide_answers_every_question_in_system_one_shape(model, splits):
+    case = splits["test"][0]
+    answers = model.decide(case.state, workflow=case.workflow)
+    assert list(answers) == list(case.questions)
+    for qid, ans in answers.items():
+        question = case.questions[qid]
+        assert ans["type"] == question.type
+        if question.type == "noul":
+            assert set(ans) == {"type", "noul"} and 0 <= ans["noul"] <= 1
+        else:
+            assert list(ans["probabilities"]) == list(question.options)
+            assert sum(ans["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+            assert ans["confidence"] == pytest.approx(max(ans["probabilities"].values()))
+        if question.type == "choice":
+            assert ans["choice"] == max(ans["probabilities"], key=ans["probabilities"].get)
+        if question.type == "score":
+            expected = sum(int(k) * p for k, p in ans["probabilities"].items())
+            assert ans["score"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_decide_infers_the_workflow_from_the_questions(model, splits):
+    case = splits["test"][0]
+    asked = {qid: q.to_json() for qid, q in case.questions.items()}
+    assert model.decide(case.state, asked) == model.decide(case.state, workflow=case.workflow)
+
+
+def test_decide_matches_batch_predict(model, splits):
+    cases = Split("two", splits["validation"].head(1).cases[:2], "x")
+    batch = model.predict(cases)
+    for case, probs in zip(cases, batch):
+        one = model.decide(case.state, workflow=case.workflow)
+        for qid, question in case.questions.items():
+            if question.type == "noul":
+                assert one[qid]["noul"] == pytest.approx(probs[qid][1], abs=1e-4)
+            else:
+                np.testing.assert_allclose(list(one[qid]["probabilities"].values()), probs[qid], atol=1e-4)
+
+
+def test_bad_questions_are_named(model, splits):
+    case = splits["test"][0]
+    with pytest.raises(QuestionError, match="pass workflow= one of"):
+        model.decide(case.state)
+    with pytest.raises(QuestionError, match="question 'colour': no trained head in workflow"):
+        model.decide(case.state, {"colour": {"type": "noul", "instructions": "?"}}, workflow=case.workflow)
+    asked = case.questions["action"].to_json()
+    asked["criteria"] = {"continue": "", "stop": ""}
+    with pytest.raises(QuestionError, match=r"options \['continue', 'stop'\] differ from the trained head's"):
+        model.decide(case.state, {"action": asked}, workflow=case.workflow)
+    with pytest.raises(QuestionError, match="type 'noul' differs"):
+        model.decide(case.state, {"action": {"type": "noul", "instructions": ""}}, workflow=case.workflow)
+
+
+def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, tmp_path):
+    case = splits["test"][3]
+    model.temperatures["choice"] = 1.7
+    try:
+        path = model.save(tmp_path / "m")
+        first = model.decide(case.state, workflow=case.workflow)
+        assert sorted(p.name for p in path.iterdir()) == [CONFIG_FILE, "heads.safetensors"]
+        again = decisionkit.load(path)
+        assert again.temperatures["choice"] == 1.7
+        assert again.decide(case.state, workflow=case.workflow) == first
+        model.save(path)  # overwriting keeps one folder, no leftovers
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+        config = json.loads((path / CONFIG_FILE).read_text())
+        config["backbone"]["weights_sha256"] = "f" * 64
+        (path / CONFIG_FILE).write_text(json.dumps(config))
+        with pytest.raises(ValueError, match="trained on"):
+            load(path)
+    finally:
+        model.temperatures["choice"] = 1.0
+
+
+def test_answer_shapes():
+    from decisionkit.data import Question
+
+    score_q = Question("s", "score", "", ("0", "1", "2"), ("a", "b", "c"))
+    out = answer(score_q, np.array([0.2, 0.3, 0.5]))
+    assert out["score"] == pytest.approx(1.3) and out["confidence"] == pytest.approx(0.5)
+    assert answer(Question("n", "noul", "", ("false", "true"), ("", "")), np.array([0.1, 0.9])) == {
+        "type": "noul", "noul": pytest.approx(0.9)}
