@@ -123,6 +123,7 @@ def extract_features(
     batch_size: int | None = None,
     cache: bool = True,
     cache_dir: str | Path | None = None,
+    progress: bool = True,
 ) -> Features:
     """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case.
 
@@ -145,7 +146,9 @@ def extract_features(
     order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
     pooled: dict[str, np.ndarray] = {}
     start = time.perf_counter()
-    for lo in tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch"):
+    bar = tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch",
+               disable=not progress or settings.progress_hidden())
+    for lo in bar:
         rows = order[lo:lo + batch_size]
         enc = encode(backbone, [texts[i] for i in rows], max_length)
         for layer in layers:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import settings
 from .data import Question, Split
 
 
@@ -100,7 +101,7 @@ def fit_heads(heads: HeadSet, train: Split, validation: Split, train_x: torch.Te
     train_target = targets(train, device=train_x.device)
     val_target = targets(validation, device=val_x.device)
     history, best = [], (float("inf"), None, None)
-    for l2 in tqdm(l2_grid, desc="heads (L2 grid)", disable=not progress):
+    for l2 in tqdm(l2_grid, desc="heads (L2 grid)", disable=not progress or settings.progress_hidden()):
         for head in heads.heads.values():
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)

@@ -6,6 +6,7 @@ Every setting comes from an environment variable so that notebooks, tests and CI
 - ``DECISIONKIT_CACHE`` folder for converted backbones and cached features
   (default: ``~/.cache/decisionkit``).
 - ``DECISIONKIT_QUICK`` ``1`` shrinks notebook and demo sizes (same code path, smaller subsets).
+- ``TQDM_DISABLE``      ``1`` hides progress bars (tests and CI: nbval compares what cells write).
 """
 
 from __future__ import annotations
@@ -34,3 +35,8 @@ def data_dir() -> Path | None:
 def quick_mode() -> bool:
     """True when ``DECISIONKIT_QUICK`` is set to a true value (1, true, yes)."""
     return os.environ.get(QUICK_ENV, "").strip().lower() in {"1", "true", "yes"}
+
+
+def progress_hidden() -> bool:
+    """True when ``TQDM_DISABLE`` is set to a true value: every decisionkit progress bar stays hidden."""
+    return os.environ.get("TQDM_DISABLE", "").strip().lower() in {"1", "true", "yes"}

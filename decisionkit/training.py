@@ -28,6 +28,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import settings
+
 from .backbone import LoraSettings, add_lora, load_backbone
 from .data import Split, load_typed_decisions
 from .heads import batch_loss, fit_heads, targets, weight_norm
@@ -196,7 +198,7 @@ def _fit_lora(model: DecisionModel, train_split: Split, validation: Split, p: Pr
         core.save(out)  # the stage-1 model is the best so far
     for epoch in range(start_epoch, p.epochs + 1):
         core.train()
-        for rows in tqdm(loader, desc=f"epoch {epoch}/{p.epochs}", disable=not progress):
+        for rows in tqdm(loader, desc=f"epoch {epoch}/{p.epochs}", disable=not progress or settings.progress_hidden()):
             with accelerator.accumulate(model):
                 features = model([train_split[i].text for i in rows])
                 loss = batch_loss(core.heads, features, targets(train_split, rows, features.device)) + l2 * weight_norm(core.heads)

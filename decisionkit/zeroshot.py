@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from . import settings
+
 from .backbone import Backbone
 from .data import Question, Split
 
@@ -61,7 +63,7 @@ def zero_shot_predictions(backbone: Backbone, cases: Split, max_length: int = 51
     """Answer distributions per case and question from next-token letter probabilities."""
     model, tokenizer = backbone.model, backbone.tokenizer
     out = []
-    for case in tqdm(cases, desc=f"zero-shot {cases.name}", disable=not progress):
+    for case in tqdm(cases, desc=f"zero-shot {cases.name}", disable=not progress or settings.progress_hidden()):
         questions = list(case.questions.values())
         state_ids = tokenizer(case.text, add_special_tokens=False, truncation=True, max_length=max_length)["input_ids"]
         text = tokenizer.decode(state_ids)  # the state truncated as the decision model sees it
