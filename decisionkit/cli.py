@@ -19,15 +19,12 @@ from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
 from .metrics import score
 from .model import QuestionError, load
-from .report import RunReport
+from .report import RunReport, write_atomic
 from .training import PRESETS, preset, train
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(path.suffix + ".tmp")
-    scratch.write_text(json.dumps(payload, indent=2, default=str))
-    scratch.replace(path)
+    write_atomic(path, json.dumps(payload, indent=2, default=str))
 
 
 def run_training(args) -> RunReport:

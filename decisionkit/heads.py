@@ -41,10 +41,16 @@ class HeadSet(nn.Module):
         qids = list(self.schema[workflow]) if questions is None else list(questions)
         return {qid: self.heads[head_key(workflow, qid)](features) for qid in qids}
 
+    def probabilities(self, features: torch.Tensor, workflow: str, questions=None,
+                      temperatures: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+        """Answer distributions per question; ``temperatures`` (per question type) divide the logits first."""
+        return {qid: torch.softmax(z / (temperatures or {}).get(self.schema[workflow][qid].type, 1.0), dim=-1)
+                for qid, z in self(features, workflow, questions).items()}
 
-def soft_cross_entropy(logits: torch.Tensor, gold: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """Mean over the batch of -sum_k gold_k log softmax(logits / T)_k: cross-entropy against soft gold."""
-    return -(gold * torch.log_softmax(logits / temperature, dim=-1)).sum(dim=-1).mean()
+
+def soft_cross_entropy(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of -sum_k gold_k log softmax(logits)_k: cross-entropy against soft gold."""
+    return -(gold * torch.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
 
 
 @dataclass
@@ -130,9 +136,8 @@ def predict(heads: HeadSet, features: torch.Tensor, cases: Split,
     """Probabilities per case and question in option order (what ``metrics.score`` takes)."""
     out: list[dict[str, np.ndarray]] = [{} for _ in cases]
     for workflow, rows in targets(cases).rows.items():
-        for qid, z in heads(features[rows.to(features.device)], workflow).items():
-            t = 1.0 if temperatures is None else temperatures[heads.schema[workflow][qid].type]
-            probs = torch.softmax(z / t, dim=-1).cpu().numpy().astype(np.float64)
+        for qid, p in heads.probabilities(features[rows.to(features.device)], workflow, None, temperatures).items():
+            probs = p.cpu().numpy().astype(np.float64)
             for j, i in enumerate(rows.tolist()):
                 out[i][qid] = probs[j]
     return out

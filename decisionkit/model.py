@@ -126,12 +126,6 @@ class DecisionModel(nn.Module):
             return torch.cat([self([case.text]) for case in cases])
 
     # ----- answers --------------------------------------------------------------------------------------------
-    def probabilities(self, features: torch.Tensor, workflow: str, questions=None) -> dict[str, torch.Tensor]:
-        """Calibrated answer distributions per question for a batch of one workflow's features."""
-        logits = self.heads(features, workflow, questions)
-        return {qid: torch.softmax(z / self.temperatures[self.schema[workflow][qid].type], dim=-1)
-                for qid, z in logits.items()}
-
     @torch.inference_mode()
     def predict(self, cases: Split) -> list[dict[str, np.ndarray]]:
         """Calibrated probabilities per case and question, in option order (what ``metrics.score`` takes)."""
@@ -177,7 +171,7 @@ class DecisionModel(nn.Module):
         workflow = self._workflow_for(questions, workflow)
         qids = self._check_questions(workflow, questions)
         features = self([render_state(state, workflow)])
-        probs = self.probabilities(features, workflow, qids)
+        probs = self.heads.probabilities(features, workflow, qids, self.temperatures)
         return {qid: answer(self.schema[workflow][qid], probs[qid][0].cpu().numpy()) for qid in qids}
 
     # ----- saving ---------------------------------------------------------------------------------------------

@@ -26,6 +26,15 @@ REFERENCES = pd.DataFrame([
 ]).set_index("model")
 
 
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` beside ``path`` and rename it into place: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(text)
+    scratch.replace(path)
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -87,9 +96,5 @@ class RunReport:
         return "\n".join(parts)
 
     def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        for name, text in (("report.json", json.dumps(self.to_json(), indent=2, default=str)),
-                           ("report.md", self.markdown())):
-            scratch = folder / f".{name}.tmp"
-            scratch.write_text(text)
-            scratch.replace(folder / name)
+        write_atomic(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
+        write_atomic(Path(folder) / "report.md", self.markdown())

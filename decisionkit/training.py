@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from . import settings
 
-from .backbone import LoraSettings, add_lora, load_backbone
+from .backbone import LoraSettings, load_backbone
 from .data import Split, load_typed_decisions
 from .heads import batch_loss, fit_heads, targets, weight_norm
 from .model import DecisionModel, FeatureSpec, load
