@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,6 +60,12 @@ class LoraSettings:
     dropout: float = 0.0  # Unsloth's fast kernels need 0; the heads have their own regularisation
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     seed: int = 3407  # adapter init seed (Unsloth's default)
+    first_layer: float = 0.0  # depth (fraction) where adapters start; above 0 the backward pass stops there
+
+    def layers(self, num_layers: int) -> list[int] | None:
+        """The decoder layers that get adapters; None means all of them."""
+        start = round(self.first_layer * num_layers)
+        return list(range(start, num_layers)) if start > 0 else None
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,11 @@ class QuantSettings:
         if self.compute_dtype != "auto":
             return getattr(torch, self.compute_dtype)
         return torch.bfloat16 if device == "cuda" else torch.float32
+
+
+def weight_count(param: torch.Tensor) -> int:
+    """How many weights a parameter stands for: a bitsandbytes 4-bit tensor packs two into each byte."""
+    return param.numel() * (2 if getattr(param, "quant_type", None) else 1)
 
 
 @dataclass(frozen=True)
@@ -236,7 +248,7 @@ class Backbone:
         """(trainable, total) parameters; 4-bit weights count the values they stand for."""
         trainable = total = 0
         for param in self.model.parameters():
-            count = param.numel() * (2 if getattr(param, "quant_type", None) else 1)  # two 4-bit values a byte
+            count = weight_count(param)
             total += count
             trainable += count if param.requires_grad else 0
         return trainable, total
@@ -324,7 +336,7 @@ def add_lora(backbone: Backbone, lora: LoraSettings) -> Backbone:
         model = FastLanguageModel.get_peft_model(
             backbone.model, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), bias="none", use_gradient_checkpointing="unsloth",
-            random_state=lora.seed,
+            random_state=lora.seed, layers_to_transform=lora.layers(backbone.num_layers),
         )
     else:
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -334,8 +346,11 @@ def add_lora(backbone: Backbone, lora: LoraSettings) -> Backbone:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         torch.manual_seed(lora.seed)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
-        model = get_peft_model(model, config)
+                            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+                            layers_to_transform=lora.layers(backbone.num_layers))
+        with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 property it deprecated; nothing to act on
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(model, config)
     backbone.model, backbone.lora = model, lora
     return backbone
 

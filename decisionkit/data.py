@@ -216,7 +216,13 @@ class Split:
 
     @property
     def workflows(self) -> list[str]:
+        """The distinct workflows, sorted."""
         return sorted({c.workflow for c in self.cases})
+
+    @property
+    def case_workflows(self) -> list[str]:
+        """The workflow of each case, in order."""
+        return [c.workflow for c in self.cases]
 
     def schema(self) -> dict[str, dict[str, Question]]:
         """workflow -> question id -> Question, as the cases ask them."""
@@ -252,21 +258,24 @@ class Split:
         return pd.DataFrame(rows).set_index("workflow")
 
 
-def read_jsonl(path: str | Path) -> list[Case]:
-    """Parse a typed-decisions JSON Lines file; errors name the file, the line and the field."""
+def jsonl_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """``(file:line, parsed object)`` for every non-blank line of a JSON Lines file; a line that is not JSON
+    raises a DataError naming the file and the line."""
     path = Path(path)
-    cases = []
     with path.open(encoding="utf-8") as handle:
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
             try:
-                obj = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as err:
                 raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            cases.append(Case.from_json(obj, where))
-    return cases
+
+
+def read_jsonl(path: str | Path) -> list[Case]:
+    """Parse a typed-decisions JSON Lines file; errors name the file, the line and the field."""
+    return [Case.from_json(obj, where) for where, obj in jsonl_rows(path)]
 
 
 def _validation_ids(train: Iterable[Case]) -> set[str]:

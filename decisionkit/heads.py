@@ -44,8 +44,13 @@ class HeadSet(nn.Module):
     def probabilities(self, features: torch.Tensor, workflow: str, questions=None,
                       temperatures: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
         """Answer distributions per question; ``temperatures`` (per question type) divide the logits first."""
-        return {qid: torch.softmax(z / (temperatures or {}).get(self.schema[workflow][qid].type, 1.0), dim=-1)
+        return {qid: calibrated(z, (temperatures or {}).get(self.schema[workflow][qid].type, 1.0))
                 for qid, z in self(features, workflow, questions).items()}
+
+
+def calibrated(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Answer distributions from head logits, divided by a temperature first (temperature scaling)."""
+    return torch.softmax(logits / temperature, dim=-1)
 
 
 def soft_cross_entropy(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:

@@ -22,17 +22,26 @@ KL_FLOOR = 1e-12  # the strictest floor the benchmark's scorers use
 ECE_BINS = 10
 
 
-def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Weighted mean |accuracy - confidence| over equal-width confidence bins."""
+def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> pd.DataFrame:
+    """Equal-width confidence bins (the last one closed): decisions, mean confidence and accuracy per bin."""
     confidence = np.asarray(confidence, dtype=float)
     correct = np.asarray(correct, dtype=float)
     index = np.minimum((confidence * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        in_bin = index == b
-        if in_bin.any():
-            total += in_bin.mean() * abs(correct[in_bin].mean() - confidence[in_bin].mean())
-    return float(total)
+    frame = pd.DataFrame({"bin": index, "confidence": confidence, "accuracy": correct})
+    table = frame.groupby("bin").agg(decisions=("bin", "size"), confidence=("confidence", "mean"),
+                                     accuracy=("accuracy", "mean"))
+    table.insert(0, "low", table.index / bins)
+    table.insert(1, "high", (table.index + 1) / bins)
+    return table
+
+
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Weighted mean |accuracy - confidence| over equal-width confidence bins."""
+    table = reliability_bins(confidence, correct, bins)
+    if table.empty:
+        return 0.0
+    weights = table["decisions"] / table["decisions"].sum()
+    return float((weights * (table["accuracy"] - table["confidence"]).abs()).sum())
 
 
 @dataclass

@@ -6,8 +6,11 @@
 - choice: ``{"type": "choice", "choice": top, "confidence": P(top), "probabilities": {option: p}}``
 - score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "probabilities": {"0": p}}``
 
+``model.route(state)`` adds a verdict ("answer" or "human") from the anomaly threshold saved with the model.
+
 ``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
-feature settings, question schemas, temperatures), ``heads.safetensors`` and, for LoRA models, ``adapter/``.
+feature settings, question schemas, temperatures, routing threshold), ``heads.safetensors`` (with the anomaly
+statistics when a router is fitted) and, for LoRA models, ``adapter/``.
 Saving is atomic. ``decisionkit.load(path)`` refuses a backbone whose weights differ from the trained one.
 """
 
@@ -88,6 +91,7 @@ class DecisionModel(nn.Module):
         self.register_buffer("feature_mean", torch.zeros(dim))
         self.register_buffer("feature_std", torch.ones(dim))
         self.temperatures = {t: 1.0 for t in QUESTION_TYPES}  # fitted on validation by calibration
+        self.router = None  # anomaly.Router: the threshold that sends unusual inputs to a human
         self.to(backbone.device)
 
     # ----- features -------------------------------------------------------------------------------------------
@@ -105,12 +109,16 @@ class DecisionModel(nn.Module):
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
         """The heads' input for ``texts``: one forward pass, pooled at every layer of the spec, concatenated,
         standardized. Gradients flow when LoRA adapters train."""
-        batch = tokenize(self.backbone, texts, self.spec.max_length)
+        return self.encode(tokenize(self.backbone, texts, self.spec.max_length))
+
+    def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``forward`` after tokenization: the backbone, the pooling and the standardization (timed apart in the
+        latency lab)."""
         hidden = hidden_states(self.backbone, batch)
         vectors = [pool(hidden[layer], batch["attention_mask"], self.spec.pooling) for layer in self.spec.layers]
         return self.normalize(torch.cat(vectors, dim=-1))
 
-    def raw_split_features(self, cases: Split) -> torch.Tensor:
+    def raw_split_features(self, cases) -> torch.Tensor:
         """Unnormalized features of a frozen backbone, read from (or written to) the on-disk cache. The cache
         holds the default layers too, so notebooks, probes and training share one extraction."""
         layers = sorted(set(default_layers(self.backbone.num_layers)) | set(self.spec.layers))
@@ -118,12 +126,12 @@ class DecisionModel(nn.Module):
         raw = np.hstack([feats.get(self.spec.pooling, layer) for layer in self.spec.layers])
         return torch.as_tensor(raw, device=self.backbone.device)
 
-    def split_features(self, cases: Split) -> torch.Tensor:
+    def split_features(self, cases) -> torch.Tensor:
         """Normalized features of a split: from the cache when the backbone is frozen, else one pass per case."""
         if self.backbone.lora is None:
             return self.normalize(self.raw_split_features(cases))
         with torch.inference_mode():
-            return torch.cat([self([case.text]) for case in cases])
+            return torch.cat([self([text]) for text in cases.texts])
 
     # ----- answers --------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -165,14 +173,29 @@ class DecisionModel(nn.Module):
                                     f"{list(expected.options)}")
         return list(questions)
 
-    @torch.inference_mode()
-    def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
-        """Answer ``questions`` (System One shape; default: every trained question) about ``state``."""
+    def _read(self, state: Any, questions: dict | None, workflow: str | None):
         workflow = self._workflow_for(questions, workflow)
         qids = self._check_questions(workflow, questions)
         features = self([render_state(state, workflow)])
         probs = self.heads.probabilities(features, workflow, qids, self.temperatures)
-        return {qid: answer(self.schema[workflow][qid], probs[qid][0].cpu().numpy()) for qid in qids}
+        answers = {qid: answer(self.schema[workflow][qid], probs[qid][0].cpu().numpy()) for qid in qids}
+        return workflow, features, answers
+
+    @torch.inference_mode()
+    def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
+        """Answer ``questions`` (System One shape; default: every trained question) about ``state``."""
+        return self._read(state, questions, workflow)[2]
+
+    @torch.inference_mode()
+    def route(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict:
+        """``decide`` plus a routing verdict: ``{"answers", "verdict": "answer" | "human", "reason", "scores"}``.
+        The scores cover every trained question of the workflow, as when the threshold was set."""
+        if self.router is None:
+            raise ValueError("this model has no anomaly threshold; fit one with "
+                             "decisionkit.anomaly.fit_router(model, train, validation) and save the model")
+        workflow, features, answers = self._read(state, questions, workflow)
+        scores = self.router.scores(self, features, [workflow]).iloc[0].to_dict()
+        return {"answers": answers, **self.router.verdict(scores), "scores": {k: float(v) for k, v in scores.items()}}
 
     # ----- saving ---------------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -187,6 +210,7 @@ class DecisionModel(nn.Module):
             "features": self.spec.to_json(),
             "schema": _schema_to_json(self.schema),
             "temperatures": dict(self.temperatures),
+            "router": self.router.config() if self.router is not None else None,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -198,6 +222,8 @@ class DecisionModel(nn.Module):
             tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in self.heads.state_dict().items()}
             tensors["feature_mean"] = self.feature_mean.cpu()
             tensors["feature_std"] = self.feature_std.cpu()
+            if self.router is not None:
+                tensors.update(self.router.density.tensors())
             save_file(tensors, scratch / HEADS_FILE)
             if self.backbone.lora is not None:
                 self.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
@@ -265,5 +291,10 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
         model.attach_lora(LoraSettings(**{**saved["lora"], "target_modules": tuple(saved["lora"]["target_modules"])}))
     model.load_trained(path)
     model.temperatures.update(config["temperatures"])
+    if config.get("router"):
+        from .anomaly import FeatureDensity, Router
+
+        density = FeatureDensity.from_tensors(load_file(str(path / HEADS_FILE)))
+        model.router = Router(density, **config["router"])
     return model.eval()
 

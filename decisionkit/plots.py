@@ -41,3 +41,93 @@ def training_curves(history) -> go.Figure:
         fig.update_layout(xaxis2={"overlaying": "x", "side": "top", "title": "LoRA epoch"})
     return fig.update_layout(template=TEMPLATE, title="Training curves", xaxis_title="full-batch step (heads)",
                              yaxis_title="soft cross-entropy")
+
+
+def memory_bars(comparison) -> go.Figure:
+    """Estimated peak training memory per backbone, stacked by term, with the quoted figures as markers."""
+    fig = go.Figure()
+    names = [e.shape.name for e in comparison.estimates]
+    for term in comparison.estimates[0].terms:
+        fig.add_bar(x=names, y=[e.terms[term] for e in comparison.estimates], name=term)
+    quoted = [(name, low, high) for name, (low, high) in comparison.references.items() if name in names]
+    if quoted:
+        middle = [(low + high) / 2 for _, low, high in quoted]
+        fig.add_scatter(x=[n for n, _, _ in quoted], y=middle, mode="markers", name="quoted figure",
+                        error_y={"type": "data", "array": [h - m for (_, _, h), m in zip(quoted, middle)]},
+                        marker={"symbol": "diamond", "size": 14, "color": "black"})
+    return fig.update_layout(barmode="stack", template=TEMPLATE, yaxis_title="GB",
+                             title="Estimated peak memory of a QLoRA decision-model training step")
+
+
+def reliability_diagram(tables: dict, title: str = "Reliability") -> go.Figure:
+    """Accuracy against mean confidence per bin, one line per stage (before / after), and the diagonal."""
+    fig = go.Figure()
+    fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
+                    line={"dash": "dash", "color": "grey"})
+    for stage, table in tables.items():
+        fig.add_scatter(x=table["confidence"], y=table["accuracy"], mode="lines+markers", name=stage,
+                        marker={"size": 6 + 14 * (table["decisions"] / table["decisions"].max())},
+                        customdata=table[["decisions"]], hovertemplate="confidence %{x:.2f}<br>accuracy %{y:.2f}"
+                        "<br>%{customdata[0]} decisions")
+    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="mean confidence of the top answer",
+                             yaxis_title="accuracy", xaxis_range=[0, 1], yaxis_range=[0, 1])
+
+
+def confidence_histogram(decisions: dict, title: str = "Top-answer confidence") -> go.Figure:
+    """How the top answer's confidence is spread, one histogram per stage."""
+    fig = go.Figure()
+    for stage, frame in decisions.items():
+        fig.add_histogram(x=frame["confidence"], name=stage, opacity=0.6, xbins={"start": 0, "end": 1, "size": 0.05})
+    return fig.update_layout(template=TEMPLATE, title=title, barmode="overlay", xaxis_title="confidence",
+                             yaxis_title="decisions")
+
+
+def risk_coverage_curve(curves: dict, title: str = "Risk-coverage") -> go.Figure:
+    """Accuracy of the decisions kept against the share kept, as the confidence threshold rises."""
+    fig = go.Figure()
+    for stage, curve in curves.items():
+        fig.add_scatter(x=curve["coverage"], y=curve["accuracy"], mode="lines", name=stage,
+                        customdata=curve[["threshold"]], hovertemplate="coverage %{x:.2f}<br>accuracy %{y:.3f}"
+                        "<br>threshold %{customdata[0]:.3f}")
+    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="share of decisions answered (coverage)",
+                             yaxis_title="accuracy of the answered decisions", yaxis_range=[0, 1])
+
+
+def score_distributions(scores, score: str, threshold: float | None = None) -> go.Figure:
+    """One anomaly score's spread per set of inputs (in-domain, off-domain, near-domain), with the threshold."""
+    fig = px.violin(scores, x="set", y=score, color="set", box=True, points="all", hover_data=["id", "kind"],
+                    template=TEMPLATE, title=f"Anomaly score '{score}' by input set")
+    if threshold is not None:
+        fig.add_hline(y=threshold, line_dash="dash", annotation_text="threshold: above goes to a human")
+    return fig.update_layout(showlegend=False)
+
+
+def answer_bars(answers: dict) -> go.Figure:
+    """Every answer's probabilities (System One shape) as horizontal bars, one panel per question."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=len(answers), cols=1, subplot_titles=list(answers), vertical_spacing=0.08)
+    for row, (qid, a) in enumerate(answers.items(), 1):
+        table = a.get("probabilities") or {"false": 1 - a["noul"], "true": a["noul"]}
+        fig.add_bar(x=list(table.values()), y=list(table), orientation="h", name=qid, showlegend=False,
+                    text=[f"{p:.1%}" for p in table.values()], row=row, col=1)
+        fig.update_xaxes(range=[0, 1], row=row, col=1)
+    return fig.update_layout(template=TEMPLATE, height=140 * len(answers) + 60, margin={"t": 40, "l": 150})
+
+
+def latency_boxes(timings, title: str = "Latency per request") -> go.Figure:
+    """One box per timed thing, every sample shown, on a log axis (generation and a forward pass differ 10x+)."""
+    fig = go.Figure()
+    for t in timings:
+        fig.add_box(y=t.samples_ms, name=t.name, boxpoints="all", jitter=0.4, pointpos=0)
+    return fig.update_layout(template=TEMPLATE, title=title, yaxis_title="milliseconds", yaxis_type="log",
+                             showlegend=False)
+
+
+def scaling_lines(scalings, title: str = "Cost of one more question") -> go.Figure:
+    """Milliseconds against the number of questions asked about one input, with each fitted slope."""
+    fig = go.Figure()
+    for s in scalings:
+        fig.add_scatter(x=s.counts, y=s.ms, mode="lines+markers", name=f"{s.name}: {s.slope_ms:.3g} ms per question")
+    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="questions about one input",
+                             yaxis_title="milliseconds (median)", xaxis_type="log", yaxis_type="log")

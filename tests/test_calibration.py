@@ -1,0 +1,97 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import decisionkit
+from decisionkit.calibration import BOUNDS, DecisionLogits, calibrate, decision_logits, fit_temperature, risk_coverage
+from decisionkit.metrics import expected_calibration_error, reliability_bins, score
+
+
+def synthetic(temperature: float, n: int = 400, k: int = 4, seed: int = 0) -> DecisionLogits:
+    """Logits whose gold is softmax(logits / temperature): the best temperature is known."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, k, generator=gen) * 3
+    gold = torch.softmax(z / temperature, -1)
+    label = torch.nn.functional.one_hot(torch.multinomial(gold, 1, generator=gen)[:, 0], k).float()  # answers drawn
+    return DecisionLogits(None, [{"workflow": "w", "question": "q", "type": "choice", "rows": list(range(n)),
+                                  "logits": z, "gold": gold, "label": label}])
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0, 4.0])
+def test_fit_recovers_a_known_temperature(temperature):
+    fit = fit_temperature(synthetic(temperature), target="distribution")
+    assert fit.temperature == pytest.approx(temperature, rel=1e-2)
+    assert not fit.at_bound and fit.nll_after < fit.nll_before
+    drawn = fit_temperature(synthetic(temperature, n=4000), target="label")  # answers sampled from the same model
+    assert drawn.temperature == pytest.approx(temperature, rel=0.1)
+
+
+def test_unknown_target_is_refused():
+    with pytest.raises(ValueError, match="expected one of label, distribution"):
+        fit_temperature(synthetic(1.0), target="hard")
+
+
+def test_a_fit_on_the_bound_says_so():
+    logits = synthetic(1.0)
+    hard = logits.groups[0]
+    hard["label"] = torch.nn.functional.one_hot(hard["logits"].argmax(-1), 4).float()  # always right: T -> 0
+    fit = fit_temperature(logits, target="label")
+    assert fit.at_bound and fit.temperature == pytest.approx(BOUNDS[0], rel=0.02)
+
+
+def test_reliability_bins_and_ece_agree():
+    rng = np.random.default_rng(0)
+    confidence = rng.uniform(0.2, 1.0, 1000)
+    correct = rng.uniform(size=1000) < confidence  # calibrated by construction
+    table = reliability_bins(confidence, correct, 10)
+    assert table["decisions"].sum() == 1000 and (table["high"] - table["low"]).round(9).eq(0.1).all()
+    assert expected_calibration_error(confidence, correct) < 0.05
+    assert expected_calibration_error(np.ones(10), np.zeros(10)) == 1.0
+    assert reliability_bins(np.array([1.0]), np.array([True]), 10).index.tolist() == [9]  # 1.0 is in the last bin
+
+
+def test_calibration_is_fitted_on_validation_only(quick_model, splits):
+    path, _ = quick_model
+    validation = splits["validation"].head(10)
+    test = splits["test"].head(5)
+    alone = calibrate(decisionkit.load(path), validation)
+    with_test = calibrate(decisionkit.load(path), validation, test)
+    assert with_test.temperatures == alone.temperatures  # scoring test changes nothing
+    assert {name for name, _ in with_test.scores} == {"validation", "test"}
+    table = with_test.table()
+    for split in ("validation", "test"):  # temperature never changes which option is on top
+        assert table.loc[(split, "before"), "accuracy"] == table.loc[(split, "after"), "accuracy"]
+    fits = with_test.temperature_table()
+    assert set(fits.index) >= {"global", "noul", "choice", "score"} and set(fits["target"]) == {"label"}
+    assert (fits["nll_after"] <= fits["nll_before"] + 1e-9).all()
+    assert {"ece (10 bins)", "ece (15 bins)"} <= set(table.columns)
+    assert len(with_test.reliability_figure("test").data) == 3
+    assert len(with_test.risk_coverage_figure("validation").data) == 2
+    assert len(with_test.confidence_figure("test").data) == 2
+
+
+def test_temperatures_travel_with_the_saved_model(quick_model, splits, tmp_path):
+    path, _ = quick_model
+    model = decisionkit.load(path)
+    calibrate(model, splits["validation"].head(10))
+    case = splits["test"][0]
+    before = model.decide(case.state, workflow=case.workflow)
+    reopened = decisionkit.load(model.save(tmp_path / "calibrated"))
+    assert reopened.temperatures == pytest.approx(model.temperatures)
+    after = reopened.decide(case.state, workflow=case.workflow)
+    for qid, a in before.items():
+        for key in ("noul", "confidence"):
+            if key in a:
+                assert after[qid][key] == pytest.approx(a[key], abs=1e-5)
+
+
+def test_risk_coverage_ends_at_the_overall_accuracy(quick_model, splits):
+    _, model = quick_model
+    cases = splits["validation"].head(5)
+    scores = score(cases, decision_logits(model, cases).predictions(model.temperatures))
+    curve = risk_coverage(scores)
+    assert curve["coverage"].iloc[-1] == 1.0
+    assert math.isclose(curve["accuracy"].iloc[-1], scores.overall()["accuracy"])
+    assert curve["threshold"].is_monotonic_decreasing
