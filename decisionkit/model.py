@@ -228,6 +228,8 @@ class DecisionModel(nn.Module):
             if self.backbone.lora is not None:
                 self.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
             (scratch / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+            for item in scratch.rglob("*"):  # safetensors writes owner-only files; a saved model is shared
+                item.chmod(0o755 if item.is_dir() else 0o644)
             scratch.chmod(0o755)
             old = path.with_name(f".{path.name}.old")
             if path.exists():

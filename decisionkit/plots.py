@@ -86,6 +86,7 @@ def risk_coverage_curve(curves: dict, title: str = "Risk-coverage") -> go.Figure
     """Accuracy of the decisions kept against the share kept, as the confidence threshold rises."""
     fig = go.Figure()
     for stage, curve in curves.items():
+        curve = curve.iloc[::max(1, len(curve) // 400)]  # a smooth line needs a few hundred points, not thousands
         fig.add_scatter(x=curve["coverage"], y=curve["accuracy"], mode="lines", name=stage,
                         customdata=curve[["threshold"]], hovertemplate="coverage %{x:.2f}<br>accuracy %{y:.3f}"
                         "<br>threshold %{customdata[0]:.3f}")

@@ -213,14 +213,14 @@ def _fit_lora(model: DecisionModel, train_split: Split, validation: Split, p: Pr
         for rows in tqdm(loader, desc=f"epoch {epoch}/{p.epochs}", disable=not progress or settings.progress_hidden()):
             with accelerator.accumulate(model):
                 features = model([train_split[i].text for i in rows])
-                loss = batch_loss(core.heads, features, targets(train_split, rows, features.device)) + l2 * weight_norm(core.heads)
-                accelerator.backward(loss)
+                data_loss = batch_loss(core.heads, features, targets(train_split, rows, features.device))
+                accelerator.backward(data_loss + l2 * weight_norm(core.heads))
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            history.append({"stage": "lora", "epoch": epoch, "train_loss": loss.item()})
+            history.append({"stage": "lora", "epoch": epoch, "train_loss": data_loss.item()})  # as in stage 1
         core.eval()
         with torch.no_grad():
             val_x = core.split_features(validation)

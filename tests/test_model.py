@@ -82,6 +82,7 @@ def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, t
         path = model.save(tmp_path / "m")
         first = model.decide(case.state, workflow=case.workflow)
         assert sorted(p.name for p in path.iterdir()) == [CONFIG_FILE, "heads.safetensors"]
+        assert all(p.stat().st_mode & 0o044 == 0o044 for p in path.iterdir())  # readable by others, like any file
         again = decisionkit.load(path)
         assert again.temperatures["choice"] == 1.7
         assert again.decide(case.state, workflow=case.workflow) == first
