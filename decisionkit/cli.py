@@ -4,6 +4,7 @@
   score the zero-shot baseline on a validation sample, and write ``runs/demo/`` (model, report.json, report.md).
 - ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
+- ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serve.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .data import DataError, load_typed_decisions
 from .metrics import score
 from .model import QuestionError, load
 from .report import RunReport, write_atomic
-from .training import PRESETS, preset, train
+from .training import PRESETS, load_split, preset, train
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -33,7 +34,7 @@ def run_training(args) -> RunReport:
     print(f"training preset {p.name} ({p.mode}) into {args.out}")
     result = train(p, args.out, data_dir=args.data, resume=not args.restart, progress=not args.quiet)
     model = load(args.out)
-    splits = {name: load_typed_decisions(name, args.data) for name in ("validation", "test")}
+    splits = {name: load_split(p.dataset, name, args.data) for name in ("validation", "test")}
     scores = {name: score(cases, model.predict(cases)) for name, cases in splits.items()}
     baselines = {}
     if args.zero_shot:
@@ -69,7 +70,7 @@ def cmd_demo(args) -> int:
 
 def cmd_evaluate(args) -> int:
     model = load(args.run)
-    cases = load_typed_decisions(args.split, args.data)
+    cases = load_split(args.dataset, args.split, args.data)
     scores = score(cases, model.predict(cases))
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
@@ -92,6 +93,28 @@ def cmd_pooling(args) -> int:
     print(table.to_string())
     _write_json(Path(args.out) / "pooling.json", {"probes": table.reset_index().to_dict(orient="records"),
                                                   "train_cases": len(train_split), "validation_cases": len(validation)})
+    return 0
+
+
+def cmd_decide(args) -> int:
+    from .serve import respond
+
+    status, payload = respond(load(args.run), sys.stdin.buffer.read())
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+    return 0 if status == 200 else 2
+
+
+def cmd_serve(args) -> int:
+    from .serve import ENDPOINT, make_server
+
+    server = make_server(load(args.run), args.host, args.port)
+    print(f"serving {args.run} on http://{args.host}:{server.server_port}{ENDPOINT} (GET /health); Ctrl-C stops")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return 0
 
 
@@ -122,8 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("evaluate", help="score a saved model on a split")
     sub.add_argument("run", help="folder of a saved model")
     sub.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    sub.add_argument("--dataset", default="typed-decisions",
+                     help="typed-decisions, a scenario (tickets, ngs-qc) or a folder with schema.json")
     common(sub)
     sub.set_defaults(handler=cmd_evaluate)
+
+    sub = commands.add_parser("decide", help="answer one System One request read from standard input")
+    sub.add_argument("run", help="folder of a saved model")
+    sub.set_defaults(handler=cmd_decide)
+
+    sub = commands.add_parser("serve", help="serve a saved model over HTTP: POST /v1/systemone, GET /health")
+    sub.add_argument("run", help="folder of a saved model")
+    sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sub.add_argument("--port", type=int, default=8000)
+    sub.set_defaults(handler=cmd_serve)
 
     sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")
     sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")

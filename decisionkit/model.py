@@ -139,7 +139,9 @@ class DecisionModel(nn.Module):
         """Calibrated probabilities per case and question, in option order (what ``metrics.score`` takes)."""
         return predict(self.heads, self.split_features(cases), cases, self.temperatures)
 
-    def _workflow_for(self, questions: dict | None, workflow: str | None) -> str:
+    def workflow_for(self, questions: dict | None, workflow: str | None) -> str:
+        """The workflow a request is about: the one named, the only one trained, or the only one asking all of
+        ``questions``; otherwise a QuestionError says which to name."""
         if workflow is not None:
             if workflow not in self.schema:
                 raise QuestionError(f"workflow {workflow!r} has no trained heads; expected one of {sorted(self.schema)}")
@@ -174,7 +176,7 @@ class DecisionModel(nn.Module):
         return list(questions)
 
     def _read(self, state: Any, questions: dict | None, workflow: str | None):
-        workflow = self._workflow_for(questions, workflow)
+        workflow = self.workflow_for(questions, workflow)
         qids = self._check_questions(workflow, questions)
         features = self([render_state(state, workflow)])
         probs = self.heads.probabilities(features, workflow, qids, self.temperatures)

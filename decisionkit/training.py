@@ -46,6 +46,7 @@ class Preset:
     name: str
     mode: str  # "heads", "lora" or "qlora"
     backbone: str | None = None  # None: SmolLM2-135M-Instruct, offline
+    dataset: str = "typed-decisions"  # or a scenario: "tickets", "ngs-qc", or a folder with schema.json
     features: FeatureSpec = FeatureSpec()
     train_per_workflow: int | None = None  # None: all 280 train cases of each workflow
     validation_per_workflow: int | None = None  # None: all 20
@@ -80,6 +81,9 @@ PRESETS = {
     # The LoRA path on a handful of cases: for tests and quick demos of the second stage.
     "cpu-lora-quick": Preset("cpu-lora-quick", "lora", features=FeatureSpec(max_length=64), train_per_workflow=3,
                              validation_per_workflow=2, head_steps=50, lora=LoraSettings(), epochs=1, batch_size=4),
+    # Your own decisions (notebook 08): heads on the project's scenario data; small sets want a stronger L2.
+    "tickets": Preset("tickets", "heads", dataset="tickets", l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
+    "ngs-qc": Preset("ngs-qc", "heads", dataset="ngs-qc", l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
     # The reference run: Qwen3.5-4B in 4-bit NF4, LoRA r16 / alpha 16, Unsloth, one 24 GB GPU.
     "gpu": Preset("gpu", "qlora", backbone="unsloth/Qwen3.5-4B", features=FeatureSpec("mean", (0.5, 1.0), 1024),
                   lora=LoraSettings(), epochs=3, lr=2e-4, batch_size=8, grad_accum=2),  # the reference's rate
@@ -129,9 +133,18 @@ class TrainResult:
         return training_curves(self.history)
 
 
+def load_split(dataset: str, split: str, data_dir=None) -> Split:
+    """A split of typed-decisions (from ``data_dir`` or the usual places) or of a scenario folder."""
+    if dataset == "typed-decisions":
+        return load_typed_decisions(split, data_dir)
+    from .scenarios import load_scenario
+
+    return load_scenario(dataset, split)
+
+
 def _load_splits(p: Preset, data_dir) -> tuple[Split, Split]:
-    train = load_typed_decisions("train", data_dir)
-    validation = load_typed_decisions("validation", data_dir)
+    train = load_split(p.dataset, "train", data_dir)
+    validation = load_split(p.dataset, "validation", data_dir)
     if p.train_per_workflow:
         train = train.head(p.train_per_workflow)
     if p.validation_per_workflow:
@@ -238,11 +251,11 @@ def _fit_lora(model: DecisionModel, train_split: Split, validation: Split, p: Pr
     return history, best_val
 
 
-def evaluate(path_or_model, split: str = "validation", data_dir=None):
-    """Scores of a saved (or in-memory) model on ``split``; ``metrics.Scores`` breaks them down."""
+def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):
+    """Scores of a saved (or in-memory) model on ``split`` of ``dataset``; ``metrics.Scores`` breaks them down."""
     from .metrics import score
 
     model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
-    cases = load_typed_decisions(split, data_dir)
+    cases = load_split(dataset, split, data_dir)
     return score(cases, model.predict(cases))
 

@@ -1,0 +1,92 @@
+import json
+
+import numpy as np
+import pytest
+
+import decisionkit
+from decisionkit.data import DataError
+from decisionkit.scenarios import load_examples, load_scenario, load_schema
+from decisionkit.training import preset, train
+
+SCHEMA = {
+    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},
+    "urgent": {"type": "noul", "instructions": "The ticket is urgent."},
+    "severity": {"type": "score", "instructions": "How bad?", "criteria": ["none", "some", "a lot"]},
+}
+
+
+def write(tmp_path, rows, name="examples.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    return path
+
+
+def row(i, split="train", text="my card was charged twice", **labels):
+    return {"id": f"e{i}", "split": split, "text": text,
+            "labels": {"team": "billing", "urgent": "true", "severity": "2", **labels}}
+
+
+def test_project_scenarios_load_with_fixed_splits():
+    sizes = {name: {s: len(load_scenario(name, s)) for s in ("train", "validation", "test")}
+             for name in ("tickets", "ngs-qc")}
+    assert sizes == {"tickets": {"train": 280, "validation": 40, "test": 80},
+                     "ngs-qc": {"train": 140, "validation": 20, "test": 40}}
+    tickets = load_scenario("tickets", "test")
+    assert set(tickets[0].questions) == {"team", "priority", "sentiment", "contains_pii", "language"}
+    assert tickets.workflows == ["tickets"] and isinstance(tickets[0].state, str)
+    assert any("charged twice" in c.state for c in tickets)  # the seed example is in test
+    soft = [c for c in load_scenario("ngs-qc", "train") for g in c.gold.values() if 0 < g.probabilities.max() < 1]
+    assert soft  # ambiguous reports carry distributions
+
+
+def test_hard_labels_and_distributions(tmp_path):
+    schema = load_schema(SCHEMA)
+    path = write(tmp_path, [row(1), row(2, team={"billing": 0.6, "tech": 0.4}, urgent=False)])
+    cases = load_examples(path, schema, "support", "train")
+    assert cases[0].gold["team"].probabilities.tolist() == [1.0, 0.0]
+    assert cases[1].gold["team"].probabilities.tolist() == [0.6, 0.4] and cases[1].gold["team"].label == "billing"
+    assert cases[1].gold["urgent"].label == "false"
+    assert np.allclose(cases[0].gold["severity"].probabilities, [0, 0, 1])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (row(1, team="sales"), r"field 'labels.team' is 'sales'; expected one of \['billing', 'tech'\]"),
+    (row(1, text="   "), "field 'text' is empty"),
+    (row(1, split="dev"), "field 'split' is 'dev'"),
+    (row(1, team={"billing": 0.5, "tech": 0.2}), "field 'labels.team' sums to 0.7000"),
+    ({"id": "x", "split": "train", "text": "hi", "labels": {"team": "billing"}}, r"field 'labels' has no label for \['urgent', 'severity'\]"),
+])
+def test_bad_examples_name_the_line_and_field(tmp_path, bad, message):
+    path = write(tmp_path, [row(0), bad])
+    with pytest.raises(DataError, match=f"examples.jsonl:2: {message}"):
+        load_examples(path, load_schema(SCHEMA), "support", "train")
+
+
+def test_bad_schemas_are_refused(tmp_path):
+    with pytest.raises(DataError, match="score question must list its levels"):
+        load_schema({"s": {"type": "score", "criteria": ["only one"]}})
+    path = tmp_path / "schema.json"
+    path.write_text('{"team": {"type": "choice", "criteria": {"billing": "a", "billing": "b"}}}')
+    with pytest.raises(DataError, match=r"duplicate keys \['billing'\]"):
+        load_schema(path)
+
+
+def test_csv_examples(tmp_path):
+    path = tmp_path / "examples.csv"
+    path.write_text('id,split,text,team,urgent,severity\n'
+                    'a,train,refund please,billing,true,1\n'
+                    'b,train,"app crashes, help","{""tech"": 0.9, ""billing"": 0.1}",false,2\n')
+    cases = load_examples(path, load_schema(SCHEMA), "support", "train")
+    assert [c.gold["team"].label for c in cases] == ["billing", "tech"]
+    assert cases[1].gold["team"].probabilities.tolist() == [0.1, 0.9]
+
+
+def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
+    p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, validation_per_workflow=10,
+               features=decisionkit.FeatureSpec(max_length=96))
+    result = train(p, tmp_path / "tickets", progress=False)
+    assert result.extra["train cases"] == 40
+    model = decisionkit.load(tmp_path / "tickets")
+    answers = model.decide("my credit card was charged twice, refund today")
+    assert set(answers) == {"team", "priority", "sentiment", "contains_pii", "language"}
+    assert answers["team"]["choice"] in ("billing", "technical_support", "account_management")
