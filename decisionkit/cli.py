@@ -21,7 +21,7 @@ from .data import DataError, load_typed_decisions
 from .metrics import score
 from .model import QuestionError, load
 from .report import RunReport, write_atomic
-from .training import PRESETS, load_split, preset, train
+from .training import PRESETS, evaluate, load_split, preset, train
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -69,9 +69,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    model = load(args.run)
-    cases = load_split(args.dataset, args.split, args.data)
-    scores = score(cases, model.predict(cases))
+    scores = evaluate(args.run, args.split, args.data, args.dataset)
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
     _write_json(Path(args.run) / f"eval-{args.split}.json",

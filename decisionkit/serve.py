@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import nullcontext
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -70,7 +71,7 @@ def respond(model, body: bytes, lock: threading.Lock | None = None) -> tuple[int
         if tokens > model.spec.max_length:
             raise RequestError(f"field 'state' is {tokens} tokens once rendered; the model reads at most "
                                f"{model.spec.max_length}")
-        with lock or threading.Lock():
+        with lock or nullcontext():
             if model.router is not None:
                 routed = model.route(state, questions, workflow)
                 return HTTPStatus.OK, {"answers": routed["answers"], "routing": {
