@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 import ipywidgets as w
-from IPython.display import display
+import plotly.io as pio
 
 from .plots import answer_bars
 
@@ -57,9 +57,11 @@ class DecisionPanel:
             self.result = self.model.route(state, workflow=self.workflow.value)
         else:
             self.result = {"answers": self.model.decide(state, workflow=self.workflow.value), "scores": {}}
-        self.plot.clear_output(wait=True)
-        with self.plot:
-            display(answer_bars(self.result["answers"]))
+        # Set the output directly (plotly's own mimetype, which JupyterLab and VS Code render) rather than capture
+        # it with ``with self.plot: display(...)``: under nbconvert the capture left notebook 08's execution
+        # waiting forever (nbclient 0.11, 2026-11-30).
+        bundle = pio.renderers["plotly_mimetype"].to_mimebundle(answer_bars(self.result["answers"]).to_dict())
+        self.plot.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
         self._show_verdict()
         return self.result
 

@@ -29,8 +29,8 @@ def row(i, split="train", text="my card was charged twice", **labels):
 def test_project_scenarios_load_with_fixed_splits():
     sizes = {name: {s: len(load_scenario(name, s)) for s in ("train", "validation", "test")}
              for name in ("tickets", "ngs-qc")}
-    assert sizes == {"tickets": {"train": 280, "validation": 40, "test": 80},
-                     "ngs-qc": {"train": 140, "validation": 20, "test": 40}}
+    assert sizes == {"tickets": {"train": 325, "validation": 46, "test": 92},
+                     "ngs-qc": {"train": 196, "validation": 28, "test": 56}}
     tickets = load_scenario("tickets", "test")
     assert set(tickets[0].questions) == {"team", "priority", "sentiment", "contains_pii", "language"}
     assert tickets.workflows == ["tickets"] and isinstance(tickets[0].state, str)

@@ -24,6 +24,9 @@ def test_panel_driven_like_a_learner(quick_model, splits):
     assert "verdict: human" in panel.verdict.value and "below 100%" in panel.verdict.value
     assert lowest_confidence(panel.result["answers"]) < 1.0
     assert len(panel.widget().children) == 5
+    panel.button.click()  # a second answer replaces the bars instead of adding to them
+    assert [len(o["data"]["application/vnd.plotly.v1+json"]["data"]) for o in panel.plot.outputs] == [
+        len(case.questions)]
 
 
 def test_panel_shows_the_router_verdict_and_scores(quick_model, splits):
