@@ -101,6 +101,19 @@ class Question:
         return out
 
 
+def probability_vector(question: Question, probs: dict, where: str, field: str) -> np.ndarray:
+    """``probs`` (every option of ``question`` -> probability) as an array in option order; a DataError names
+    ``field`` when a value is not a finite number >= 0 or the values do not sum to 1."""
+    values = [probs[k] for k in question.options]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+               for v in values):
+        raise DataError(f"{where}: field '{field}' must hold finite numbers >= 0; got {values}")
+    array = np.asarray(values, dtype=np.float64)
+    if abs(array.sum() - 1.0) > PROBABILITY_TOLERANCE:
+        raise DataError(f"{where}: field '{field}' sums to {array.sum():.6f}; expected 1")
+    return array
+
+
 @dataclass(frozen=True)
 class Gold:
     """A soft gold answer: probabilities aligned to the question's options, and the stored label."""
@@ -119,12 +132,7 @@ class Gold:
                 f"{where}: field '{name}.probabilities' has keys {sorted(probs)}; "
                 f"expected the question's options {list(question.options)}"
             )
-        values = [probs[k] for k in question.options]
-        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values):
-            raise DataError(f"{where}: field '{name}.probabilities' must hold finite numbers >= 0; got {values}")
-        array = np.asarray(values, dtype=np.float64)
-        if abs(array.sum() - 1.0) > PROBABILITY_TOLERANCE:
-            raise DataError(f"{where}: field '{name}.probabilities' sums to {array.sum():.6f}; expected 1")
+        array = probability_vector(question, probs, where, f"{name}.probabilities")
         label = obj.get("label", question.options[int(np.argmax(array))])
         if label not in question.options:
             raise DataError(f"{where}: field '{name}.label' is {label!r}; expected one of {list(question.options)}")

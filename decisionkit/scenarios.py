@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .data import PROBABILITY_TOLERANCE, Case, DataError, Gold, Question, Split, jsonl_rows
+from .data import Case, DataError, Gold, Question, Split, jsonl_rows, probability_vector
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # the project's own scenario folders
 SCENARIOS = ("tickets", "ngs-qc")
@@ -65,12 +65,7 @@ def gold_from_label(question: Question, label: Any, where: str) -> Gold:
         unknown = sorted(set(label) - set(question.options))
         if unknown:
             raise DataError(f"{where}: field '{field}' has options {unknown}; expected some of {list(question.options)}")
-        values = [label.get(o, 0.0) for o in question.options]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise DataError(f"{where}: field '{field}' must map options to probabilities >= 0")
-        probs = np.asarray(values, dtype=np.float64)
-        if abs(probs.sum() - 1.0) > PROBABILITY_TOLERANCE:
-            raise DataError(f"{where}: field '{field}' sums to {probs.sum():.4f}; expected 1")
+        probs = probability_vector(question, {o: label.get(o, 0.0) for o in question.options}, where, field)
         return Gold(probs, question.options[int(np.argmax(probs))])
     raise DataError(f"{where}: field '{field}' must be an option of {list(question.options)} or a distribution")
 
