@@ -17,7 +17,7 @@ from pathlib import Path
 
 import decisionkit as dk
 from decisionkit.generative import generative_baseline
-from decisionkit.latency import (SPEED_VARIANTS, cold_start, decision_timings, hardware, head_scaling, length_sweep,
+from decisionkit.latency import (SPEED_VARIANTS, cold_start, decision_timings, head_scaling, length_sweep,
                                  naive_scaling, speed_variants)
 from decisionkit.report import git_commit
 
@@ -29,13 +29,14 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None)
     parser.add_argument("--per-workflow", type=int, default=5, help="test cases per workflow for the A/B")
     parser.add_argument("--budgets", type=int, nargs="+", default=[64, 256], help="generation token budgets")
-    parser.add_argument("--variants", nargs="*", default=list(SPEED_VARIANTS), choices=list(SPEED_VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(SPEED_VARIANTS), choices=list(SPEED_VARIANTS))
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cold = cold_start(args.model, dk.load_typed_decisions("test", args.data)[0])
+    test = dk.load_typed_decisions("test", args.data)
+    cold = cold_start(args.model, test[0])
     model = dk.load(args.model)
-    cases = dk.load_typed_decisions("test", args.data).head(args.per_workflow)
+    cases = test.head(args.per_workflow)
     decision = decision_timings(model, cases)
     generative = generative_baseline(model.backbone, cases, budgets=tuple(args.budgets), progress=False)
     decision_ms = decision["tokenize + forward + heads"].median
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     validation = dk.load_typed_decisions("validation", args.data)
     variants = speed_variants(model, validation, args.variants)
     result = {
-        "model": args.model, "cases": len(cases), "hardware": hardware(), "commit": git_commit(),
+        "model": args.model, "cases": len(cases), "hardware": decision.hardware, "commit": git_commit(),
         "decision": decision.table().to_dict(orient="index"),
         "generative": gen_table.to_dict(orient="index"),
         "ratio_median": {str(b): float(gen_table.loc[b, "median_ms"] / decision_ms) for b in args.budgets},

@@ -213,9 +213,9 @@ class AnomalyReport:
         from sklearn.metrics import roc_auc_score
 
         inside, outside = self.frames[self.in_domain], self.frames[other]
+        y = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
         rows = {}
         for s in SCORES:
-            y = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
             values = np.r_[inside[s].to_numpy(), outside[s].to_numpy()]
             keep_95 = np.quantile(inside[s], 0.95)
             rows[s] = {"AUROC": roc_auc_score(y, values), "FPR at 95% TPR": float((outside[s] <= keep_95).mean())}

@@ -33,7 +33,7 @@ from scipy.optimize import minimize_scalar
 
 from .data import QUESTION_TYPES, Split
 from .heads import calibrated, soft_cross_entropy, targets
-from .metrics import Scores, reliability_bins, score
+from .metrics import Scores, expected_calibration_error, reliability_bins, score
 
 BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not its confidence, needs fixing
 TARGETS = ("label", "distribution")  # fit against the gold answer (for ECE) or the soft gold (for KL)
@@ -131,7 +131,8 @@ class CalibrationReport:
             row = s.summary().iloc[0]
             rows[(split, stage)] = {"decisions": int(row["decisions"]), "accuracy": row["accuracy"], "kl": row["kl"],
                                     "brier": row["brier"],
-                                    **{f"ece ({b} bins)": Scores(s.decisions, b).overall()["ece"]
+                                    **{f"ece ({b} bins)": expected_calibration_error(s.decisions["confidence"],
+                                                                                 s.decisions["correct"], b)
                                        for b in ECE_BIN_CHOICES}}
         table = pd.DataFrame.from_dict(rows, orient="index")
         table.index.names = ["split", "temperature"]

@@ -127,7 +127,8 @@ class GenerativeResult:
                                  p95_ms=("latency_ms", lambda x: float(np.percentile(x, 95))),
                                  first_token_ms=("first_token_ms", "median"), tokens=("output_tokens", "mean"),
                                  parses=("parses", "mean"), valid=("valid", "mean"), think=("think", "mean"),
-                                 accuracy=("correct", lambda x: x.sum() / (5 * len(x))))
+                                 accuracy=("correct", "sum"), questions=("questions", "sum")
+                                 ).eval("accuracy = accuracy / questions").drop(columns="questions")
 
     def failures(self, budget: int, n: int = 3) -> pd.DataFrame:
         bad = self.requests[(self.requests["budget"] == budget) & ~self.requests["valid"]]
@@ -138,18 +139,18 @@ def generative_baseline(backbone, cases: Split, budgets=(64, 256), progress: boo
     """Generate, time and parse the JSON answers of every case at every token budget."""
     rows = []
     bar = tqdm(total=len(cases) * len(budgets), desc="generate JSON", disable=not progress or settings.progress_hidden())
+    golds = [{qid: q.options[int(np.argmax(case.gold[qid].probabilities))] for qid, q in case.questions.items()}
+             for case in cases]
     for budget in budgets:
         generate_json(backbone, cases[0], budget)  # warm-up
-        for case in cases:
+        for case, gold in zip(cases, golds):
             g = generate_json(backbone, case, budget)
             answers, problems = parse_answers(g.text, case.questions)
-            gold = {qid: case.questions[qid].options[int(np.argmax(case.gold[qid].probabilities))]
-                    for qid in case.questions}
             rows.append({"budget": budget, "case": case.id, "workflow": case.workflow, "latency_ms": g.latency_ms,
                          "first_token_ms": g.first_token_ms, "output_tokens": g.output_tokens,
                          "parses": not any(p.startswith(("no JSON", "JSON")) for p in problems),
                          "valid": not problems, "think": "<think>" in g.text,
-                         "correct": sum(answers.get(q) == a for q, a in gold.items()),
+                         "correct": sum(answers.get(q) == a for q, a in gold.items()), "questions": len(gold),
                          "problems": "; ".join(problems), "text": g.text})
             bar.update()
     bar.close()

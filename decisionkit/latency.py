@@ -60,7 +60,6 @@ class Timing:
 
     name: str
     samples_ms: np.ndarray
-    meta: dict = field(default_factory=dict)
 
     def stats(self) -> dict[str, float]:
         s = self.samples_ms
@@ -114,8 +113,7 @@ def decision_timings(model, cases, warmup: int = 2) -> LatencyResult:
     texts, workflows = cases.texts, cases.case_workflows
 
     def whole(i: int) -> None:
-        batch = tokenize(model.backbone, [texts[i]], model.spec.max_length)
-        model.heads.probabilities(model.encode(batch), workflows[i], None, model.temperatures)
+        model.heads.probabilities(model([texts[i]]), workflows[i], None, model.temperatures)
 
     batches = [tokenize(model.backbone, [t], model.spec.max_length) for t in texts]
     index = list(range(len(texts)))
@@ -169,13 +167,7 @@ class Scaling:
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int, device: str) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        samples.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(samples))
+    return time_calls("", lambda _: fn(), range(repeats), 0, device).median
 
 
 @torch.inference_mode()
@@ -206,8 +198,7 @@ def naive_scaling(backbone, case, counts=(1, 2, 3, 4, 5), max_length: int = 512,
 
     questions = list(case.questions.values())
     prompts = [f"{case.text}\n\n{question_block(questions[i % len(questions)])}" for i in range(max(counts))]
-    batches = [backbone.tokenizer([p], return_tensors="pt", truncation=True, max_length=max_length).to(backbone.device)
-               for p in prompts]
+    batches = [tokenize(backbone, [p], max_length) for p in prompts]
 
     def ask(n: int) -> None:
         for batch in batches[:n]:
