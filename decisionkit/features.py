@@ -57,9 +57,11 @@ def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT
 
 
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """Every layer's hidden states for a tokenized batch (gradients flow: training uses this too)."""
-    out = backbone.decoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           output_hidden_states=True)
+    """Every layer's hidden states for a tokenized batch, in the backbone's compute dtype, returned as float32
+    (gradients flow: training uses this too)."""
+    with backbone.precision.autocast():
+        out = backbone.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            output_hidden_states=True)
     return tuple(h.float() for h in out.hidden_states)
 
 
@@ -96,7 +98,8 @@ class Features:
 def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int]) -> str:
     texts_sha = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
     quant = None if backbone.quantize is None else repr(backbone.quantize)
-    blob = json.dumps({"weights": backbone.checksum, "quantize": quant, "render": RENDER_VERSION,
+    blob = json.dumps({"weights": backbone.checksum, "quantize": quant, "dtype": backbone.precision.dtype,
+                       "render": RENDER_VERSION,
                        "texts": texts_sha, "max_length": max_length, "layers": list(layers)})
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -128,14 +131,14 @@ def extract_features(
     """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case.
 
     On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16.
-    A backbone with LoRA adapters is still training, so its features are never cached.
+    A backbone that is training (LoRA adapters, or every weight) changes its features, so they are not cached.
     """
     layers = tuple(layers or default_layers(backbone.num_layers))
     bad = [layer for layer in layers if not 1 <= layer <= backbone.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range; the backbone has layers 1..{backbone.num_layers}")
     texts = cases.texts
-    cache = cache and backbone.lora is None
+    cache = cache and backbone.frozen
     path = None
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()

@@ -58,6 +58,15 @@ def soft_cross_entropy(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor
     return -(gold * torch.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
 
 
+def expected_distance(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of E|i - j| / (K - 1), with level i drawn from softmax(logits) and j from the gold: how
+    far apart, on the scale, the answer and the gold are. Cross-entropy alone treats a miss by one level like a miss
+    by three; this term does not (an ordinal-aware loss for score questions)."""
+    levels = torch.arange(logits.shape[-1], dtype=logits.dtype, device=logits.device)
+    distance = (levels[:, None] - levels[None, :]).abs() / max(logits.shape[-1] - 1, 1)
+    return torch.einsum("bi,ij,bj->b", torch.softmax(logits, dim=-1), distance, gold).mean()
+
+
 @dataclass
 class Targets:
     """Gold distributions of some cases, grouped by workflow and aligned to rows of a feature matrix."""
@@ -82,13 +91,17 @@ def targets(cases: Split, rows: list[int] | None = None, device: str | torch.dev
     return Targets({w: torch.as_tensor(p, device=device) for w, p in groups.items()}, gold, decisions)
 
 
-def batch_loss(heads: HeadSet, features: torch.Tensor, target: Targets) -> torch.Tensor:
-    """Soft cross-entropy averaged over every decision (case x question) in ``target``."""
+def batch_loss(heads: HeadSet, features: torch.Tensor, target: Targets, ordinal: float = 0.0) -> torch.Tensor:
+    """Soft cross-entropy averaged over every decision (case x question) in ``target``; with ``ordinal`` > 0,
+    score questions add ``ordinal`` times their expected level distance."""
     total = 0.0
     for workflow, rows in target.rows.items():
         for qid, z in heads(features[rows], workflow).items():
             gold = target.gold[workflow][qid]
-            total = total + soft_cross_entropy(z, gold) * len(gold)
+            loss = soft_cross_entropy(z, gold)
+            if ordinal and heads.schema[workflow][qid].type == "score":
+                loss = loss + ordinal * expected_distance(z, gold)
+            total = total + loss * len(gold)
     return total / target.decisions
 
 
@@ -99,40 +112,55 @@ def weight_norm(heads: HeadSet) -> torch.Tensor:
 
 @dataclass
 class HeadFit:
-    history: list[dict]  # one row every 10 steps: L2, step, train loss, validation loss
-    best_val_loss: float
+    history: list[dict]  # one row every 10 steps: L2, step, train loss, held-out loss
+    best_val_loss: float  # on the held-out cases the (L2, step) was picked on
     l2: float
+    step: int
 
 
-def fit_heads(heads: HeadSet, train: Split, validation: Split, train_x: torch.Tensor, val_x: torch.Tensor,
-              l2_grid=(1e-3, 3e-3, 1e-2), steps: int = 400, lr: float = 0.003,
+def _descent(heads: HeadSet, x: torch.Tensor, target: Targets, l2: float, steps: int, lr: float, ordinal: float):
+    """Full-batch AdamW from zero-initialised (uniform) heads: yields ``(step, train loss)`` before each update and
+    after the last."""
+    for head in heads.heads.values():
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
+    for step in range(steps + 1):
+        train_loss = batch_loss(heads, x, target, ordinal)
+        yield step, train_loss.item()
+        if step < steps:
+            optimizer.zero_grad()
+            (train_loss + l2 * weight_norm(heads)).backward()
+            optimizer.step()
+
+
+def fit_heads(heads: HeadSet, train: Split, held_out: Split, train_x: torch.Tensor, held_x: torch.Tensor,
+              l2_grid=(1e-3, 3e-3, 1e-2), steps: int = 400, lr: float = 0.003, ordinal: float = 0.0,
               progress: bool = True) -> HeadFit:
     """Fit every head at once, full batch, on fixed (standardized) features; for each L2 strength in
-    ``l2_grid`` train from zero and keep the (L2, step) with the lowest validation loss. Loads that state."""
+    ``l2_grid`` train from zero and keep the (L2, step) with the lowest loss on ``held_out``. Loads that state."""
     train_target = targets(train, device=train_x.device)
-    val_target = targets(validation, device=val_x.device)
-    history, best = [], (float("inf"), None, None)
+    held_target = targets(held_out, device=held_x.device)
+    history, best = [], (float("inf"), None, None, 0)
     for l2 in tqdm(l2_grid, desc="heads (L2 grid)", disable=not progress or settings.progress_hidden()):
-        for head in heads.heads.values():
-            nn.init.zeros_(head.weight)
-            nn.init.zeros_(head.bias)
-        optimizer = torch.optim.AdamW(heads.parameters(), lr=lr, weight_decay=0.0)
-        for step in range(steps + 1):
-            train_loss = batch_loss(heads, train_x, train_target)
+        for step, train_loss in _descent(heads, train_x, train_target, l2, steps, lr, ordinal):
             if step % 10 == 0 or step == steps:  # step 0 is the uniform start: the fit never ends worse
                 with torch.no_grad():
-                    val_loss = batch_loss(heads, val_x, val_target).item()
-                history.append({"stage": "heads", "l2": l2, "step": step, "train_loss": train_loss.item(),
-                                "val_loss": val_loss})
-                if val_loss < best[0]:
-                    best = (val_loss, copy.deepcopy(heads.state_dict()), l2)
-            if step < steps:
-                loss = train_loss + l2 * weight_norm(heads)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                    held_loss = batch_loss(heads, held_x, held_target).item()
+                history.append({"stage": "heads", "l2": l2, "step": step, "train_loss": train_loss,
+                                "val_loss": held_loss})
+                if held_loss < best[0]:
+                    best = (held_loss, copy.deepcopy(heads.state_dict()), l2, step)
     heads.load_state_dict(best[1])
-    return HeadFit(history, best[0], best[2])
+    return HeadFit(history, best[0], best[2], best[3])
+
+
+def refit_heads(heads: HeadSet, cases: Split, x: torch.Tensor, fit: HeadFit, lr: float = 0.003,
+                ordinal: float = 0.0) -> None:
+    """Train the heads from zero on ``cases`` at the L2 and for the steps that ``fit`` picked on held-out cases:
+    once the choice is made, the held-out cases are training data too."""
+    for _ in _descent(heads, x, targets(cases, device=x.device), fit.l2, fit.step, lr, ordinal):
+        pass
 
 
 @torch.no_grad()

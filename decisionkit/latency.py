@@ -202,7 +202,7 @@ def naive_scaling(backbone, case, counts=(1, 2, 3, 4, 5), max_length: int = 512,
 
     def ask(n: int) -> None:
         for batch in batches[:n]:
-            backbone.decoder(**batch)
+            backbone.body(**batch)
 
     ask(1)  # warm-up
     return Scaling("one prompt + forward per question", list(counts),
@@ -232,7 +232,7 @@ def _int8(model):
 
 
 def _compiled(model):
-    model.backbone.decoder.compile()  # in place; the first calls compile, the warm-up absorbs them
+    model.backbone.body.compile()  # in place; the first calls compile, the warm-up absorbs them
     return model
 
 

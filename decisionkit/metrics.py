@@ -7,6 +7,10 @@ Per decision, with gold distribution g and predicted distribution p over the sam
 - KL(g || p) = sum_k g_k ln(g_k / p_k), terms with g_k = 0 skipped, p_k floored at 1e-12;
 - Brier = sum_k (p_k - g_k)^2, summed over the answers, not averaged;
 - ECE: 10 equal-width bins on the top answer's confidence against 0/1 correctness, pooled over all decisions.
+
+The System One answer carries a separate ``confidence`` for choice and score questions (a noul answer is its
+probability alone). ``ece_confidence`` is the ECE of that field over the decisions that carry it: a model may fit
+its probabilities to the teacher's distribution (KL) and its confidence to correctness (this ECE) at once.
 """
 
 from __future__ import annotations
@@ -60,23 +64,35 @@ class Scores:
                 "kl": frame["kl"].mean(),
                 "brier": frame["brier"].mean(),
                 "ece": expected_calibration_error(frame["confidence"], frame["correct"], self.ece_bins),
+                "ece_confidence": self.confidence_ece(frame),
             })
 
         if by is None:
             return pooled(self.decisions).to_frame("all").T
         return self.decisions.groupby(by).apply(pooled, include_groups=False)
 
+    def confidence_ece(self, frame: pd.DataFrame | None = None, bins: int | None = None) -> float:
+        """ECE of the answers' ``confidence`` field, over the decisions that carry one (NaN when none does)."""
+        frame = self.decisions if frame is None else frame
+        carried = frame.dropna(subset=["answer_confidence"])
+        if carried.empty:
+            return float("nan")
+        return expected_calibration_error(carried["answer_confidence"], carried["correct"], bins or self.ece_bins)
+
     def overall(self) -> dict[str, float]:
         row = self.summary().iloc[0]
         return {k: float(v) for k, v in row.items()}
 
 
-def score(cases: Split, predictions: list[dict[str, np.ndarray]], ece_bins: int = ECE_BINS) -> Scores:
-    """Score ``predictions`` (one ``{question id: probabilities in option order}`` per case) against gold."""
+def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: list[dict[str, float]] | None = None,
+          ece_bins: int = ECE_BINS) -> Scores:
+    """Score ``predictions`` (one ``{question id: probabilities in option order}`` per case) against gold.
+    ``confidences`` (one ``{question id: confidence}`` per case, choice and score questions) are the answers'
+    ``confidence`` fields when they are calibrated apart from the probabilities; by default, the top probability."""
     if len(predictions) != len(cases):
         raise ValueError(f"predictions has {len(predictions)} entries; expected one per case ({len(cases)})")
     rows = []
-    for case, predicted in zip(cases, predictions):
+    for index, (case, predicted) in enumerate(zip(cases, predictions)):
         for qid, question in case.questions.items():
             gold = case.gold[qid].probabilities
             if qid not in predicted:
@@ -87,6 +103,8 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], ece_bins: int 
                                  f"expected {gold.size} ({', '.join(question.options)})")
             top = int(np.argmax(p))
             seen = gold > 0
+            carried = float("nan") if question.type == "noul" else (
+                float(p[top]) if confidences is None else float(confidences[index][qid]))
             rows.append({
                 "case": case.id, "workflow": case.workflow, "question": qid, "type": question.type,
                 "correct": top == int(np.argmax(gold)),
@@ -94,6 +112,7 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], ece_bins: int 
                 "kl": float(np.sum(gold[seen] * np.log(gold[seen] / np.maximum(p[seen], KL_FLOOR)))),
                 "brier": float(np.sum((p - gold) ** 2)),
                 "confidence": float(p[top]),
+                "answer_confidence": carried,
             })
     return Scores(pd.DataFrame(rows), ece_bins)
 

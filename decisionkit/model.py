@@ -10,7 +10,8 @@
 
 ``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
 feature settings, question schemas, temperatures, routing threshold), ``heads.safetensors`` (with the anomaly
-statistics when a router is fitted) and, for LoRA models, ``adapter/``.
+statistics when a router is fitted) and, for LoRA models, ``adapter/``; for a fully fine-tuned model, the tuned
+backbone itself in ``backbone/`` (safetensors, with its tokenizer).
 Saving is atomic. ``decisionkit.load(path)`` refuses a backbone whose weights differ from the trained one.
 """
 
@@ -30,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import __version__
-from .backbone import Backbone, LoraSettings, add_lora, load_backbone
+from .backbone import Backbone, LoraSettings, add_lora, load_backbone, weights_sha256
 from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
 from .features import default_layers, extract_features, hidden_states, tokenize
 from .heads import HeadSet, predict
@@ -39,6 +40,7 @@ from .pooling import pool
 CONFIG_FILE = "decisionkit.json"
 HEADS_FILE = "heads.safetensors"
 ADAPTER_DIR = "adapter"
+BACKBONE_DIR = "backbone"  # a fully fine-tuned backbone, saved whole
 FORMAT_VERSION = 1  # bump when the saved layout changes
 
 
@@ -87,17 +89,24 @@ class DecisionModel(nn.Module):
         dim = backbone.hidden_size * len(spec.layers)
         self.heads = HeadSet(schema, dim)
         # Hidden states have a few huge dimensions; standardizing with train statistics lets one learning rate
-        # and one weight decay serve every head. Set by ``set_normalization`` from the train features.
+        # and one weight decay serve every head. Set by ``normalize_fitted`` from the train features.
         self.register_buffer("feature_mean", torch.zeros(dim))
         self.register_buffer("feature_std", torch.ones(dim))
-        self.temperatures = {t: 1.0 for t in QUESTION_TYPES}  # fitted on validation by calibration
+        self.temperatures = {t: 1.0 for t in QUESTION_TYPES}  # for the probabilities; fitted on validation
+        # For the ``confidence`` of choice and score answers, when fitted apart (to correctness, while the
+        # probabilities follow the gold distribution); None: the confidence is the top probability.
+        self.confidence_temperatures: dict[str, float] | None = None
         self.router = None  # anomaly.Router: the threshold that sends unusual inputs to a human
+        self.tuned = False  # True once every backbone weight has trained: saving then writes the backbone too
+        self.base: dict | None = None  # for a loaded tuned model: the name and hash of the backbone it came from
         self.to(backbone.device)
 
     # ----- features -------------------------------------------------------------------------------------------
-    def set_normalization(self, features: np.ndarray) -> None:
-        self.feature_mean.copy_(torch.as_tensor(features.mean(axis=0)))
-        self.feature_std.copy_(torch.as_tensor(features.std(axis=0) + 1e-6))
+    def normalize_fitted(self, features: torch.Tensor) -> torch.Tensor:
+        """Set the standardization from these (train) features, and return them standardized."""
+        self.feature_mean.copy_(features.mean(dim=0))
+        self.feature_std.copy_(features.std(dim=0, unbiased=False) + 1e-6)
+        return self.normalize(features)
 
     def normalize(self, features: torch.Tensor) -> torch.Tensor:
         return (features - self.feature_mean) / self.feature_std
@@ -105,6 +114,11 @@ class DecisionModel(nn.Module):
     def attach_lora(self, settings: LoraSettings) -> None:
         add_lora(self.backbone, settings)
         self.encoder = self.backbone.model
+
+    def unfreeze_backbone(self) -> None:
+        """Make every backbone weight trainable (full fine-tuning); ``save`` then writes the backbone as well."""
+        self.encoder.requires_grad_(True)
+        self.tuned = True
 
     def forward(self, texts: Sequence[str]) -> torch.Tensor:
         """The heads' input for ``texts``: one forward pass, pooled at every layer of the spec, concatenated,
@@ -128,7 +142,7 @@ class DecisionModel(nn.Module):
 
     def split_features(self, cases) -> torch.Tensor:
         """Normalized features of a split: from the cache when the backbone is frozen, else one pass per case."""
-        if self.backbone.lora is None:
+        if self.backbone.frozen:
             return self.normalize(self.raw_split_features(cases))
         with torch.inference_mode():
             return torch.cat([self([text]) for text in cases.texts])
@@ -138,6 +152,20 @@ class DecisionModel(nn.Module):
     def predict(self, cases: Split) -> list[dict[str, np.ndarray]]:
         """Calibrated probabilities per case and question, in option order (what ``metrics.score`` takes)."""
         return predict(self.heads, self.split_features(cases), cases, self.temperatures)
+
+    def answer_confidence(self, qtype: str, probs: np.ndarray) -> float:
+        """The ``confidence`` a choice or score answer reports: the top probability, re-tempered when a confidence
+        temperature was fitted apart. Exact from the probabilities: softmax(z / Tc) = softmax(log p * Tp / Tc)."""
+        if not self.confidence_temperatures:
+            return float(np.max(probs))
+        ratio = self.temperatures[qtype] / self.confidence_temperatures[qtype]
+        logits = np.log(np.maximum(np.asarray(probs, dtype=np.float64), 1e-300)) * ratio
+        return float(1.0 / np.exp(logits - logits.max()).sum())
+
+    def confidences(self, cases: Split, predictions: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
+        """The answers' ``confidence`` fields for ``predictions`` of ``cases`` (what ``metrics.score`` takes)."""
+        return [{qid: self.answer_confidence(q.type, predicted[qid]) for qid, q in case.questions.items()
+                 if q.type != "noul"} for case, predicted in zip(cases, predictions)]
 
     def workflow_for(self, questions: dict | None, workflow: str | None) -> str:
         """The workflow a request is about: the one named, the only one trained, or the only one asking all of
@@ -179,8 +207,11 @@ class DecisionModel(nn.Module):
         workflow = self.workflow_for(questions, workflow)
         qids = self._check_questions(workflow, questions)
         features = self([render_state(state, workflow)])
-        probs = self.heads.probabilities(features, workflow, qids, self.temperatures)
-        answers = {qid: answer(self.schema[workflow][qid], probs[qid][0].cpu().numpy()) for qid in qids}
+        probs = {qid: p[0].cpu().numpy() for qid, p in
+                 self.heads.probabilities(features, workflow, qids, self.temperatures).items()}
+        questions = self.schema[workflow]
+        answers = {qid: answer(questions[qid], probs[qid], self.answer_confidence(questions[qid].type, probs[qid]))
+                   for qid in qids}
         return workflow, features, answers
 
     @torch.inference_mode()
@@ -205,13 +236,15 @@ class DecisionModel(nn.Module):
         return {
             "format": FORMAT_VERSION,
             "decisionkit": __version__,
-            "backbone": {"name": backbone.name, "weights_sha256": backbone.checksum,
+            "backbone": {**(self.base or {"name": backbone.name, "weights_sha256": backbone.checksum}),
                          "quantize": asdict(backbone.quantize) if backbone.quantize else None,
-                         "lora": asdict(backbone.lora) if backbone.lora else None},
+                         "lora": asdict(backbone.lora) if backbone.lora else None,
+                         "tuned": self.tuned},  # the tuned weights are in backbone/, their hash in tuned_sha256
             "render_version": RENDER_VERSION,
             "features": self.spec.to_json(),
             "schema": _schema_to_json(self.schema),
             "temperatures": dict(self.temperatures),
+            "confidence_temperatures": self.confidence_temperatures,
             "router": self.router.config() if self.router is not None else None,
         }
 
@@ -229,7 +262,12 @@ class DecisionModel(nn.Module):
             save_file(tensors, scratch / HEADS_FILE)
             if self.backbone.lora is not None:
                 self.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
-            (scratch / CONFIG_FILE).write_text(json.dumps(self.config(), indent=2))
+            config = self.config()
+            if self.tuned:
+                self.backbone.model.save_pretrained(scratch / BACKBONE_DIR, safe_serialization=True)
+                self.backbone.tokenizer.save_pretrained(scratch / BACKBONE_DIR)
+                config["backbone"]["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
+            (scratch / CONFIG_FILE).write_text(json.dumps(config, indent=2))
             for item in scratch.rglob("*"):  # safetensors writes owner-only files; a saved model is shared
                 item.chmod(0o755 if item.is_dir() else 0o644)
             scratch.chmod(0o755)
@@ -257,17 +295,18 @@ class DecisionModel(nn.Module):
             set_peft_model_state_dict(self.encoder, load_file(str(adapter)))
 
 
-def answer(question: Question, probs: np.ndarray) -> dict:
-    """One System One answer from a probability vector in option order."""
+def answer(question: Question, probs: np.ndarray, confidence: float | None = None) -> dict:
+    """One System One answer from a probability vector in option order; ``confidence`` (choice and score) defaults
+    to the top probability."""
     probs = probs.astype(float)
     top = int(np.argmax(probs))
+    confidence = float(probs[top]) if confidence is None else float(confidence)
     table = {option: float(p) for option, p in zip(question.options, probs)}
     if question.type == "noul":
         return {"type": "noul", "noul": table["true"]}
     if question.type == "choice":
-        return {"type": "choice", "choice": question.options[top], "confidence": float(probs[top]),
-                "probabilities": table}
-    return {"type": "score", "score": float(np.dot(np.arange(len(probs)), probs)), "confidence": float(probs[top]),
+        return {"type": "choice", "choice": question.options[top], "confidence": confidence, "probabilities": table}
+    return {"type": "score", "score": float(np.dot(np.arange(len(probs)), probs)), "confidence": confidence,
             "probabilities": table}
 
 
@@ -283,18 +322,25 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
         raise ValueError(f"{config_path}: format {config.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
     saved = config["backbone"]
     quantize = "4bit" if saved["quantize"] else None
-    base = load_backbone(backbone or saved["name"], quantize=quantize, device=device)
-    if base.checksum != saved["weights_sha256"]:
+    tuned = saved.get("tuned", False)
+    base = load_backbone(backbone or (path / BACKBONE_DIR if tuned else saved["name"]), quantize=quantize,
+                         device=device)
+    expected = saved["tuned_sha256"] if tuned else saved["weights_sha256"]
+    if base.checksum != expected:
         raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
-                         f"trained on {saved['name']!r} with {saved['weights_sha256'][:16]}…")
+                         f"trained on {saved['name']!r} with {expected[:16]}…")
     if config["render_version"] != RENDER_VERSION:
         raise ValueError(f"{config_path}: rendering {config['render_version']!r}; this decisionkit renders "
                          f"{RENDER_VERSION!r}")
     model = DecisionModel(base, _schema_from_json(config["schema"]), FeatureSpec.from_json(config["features"]))
+    model.tuned = tuned
+    if tuned:
+        model.base = {"name": saved["name"], "weights_sha256": saved["weights_sha256"]}
     if saved["lora"] is not None:
         model.attach_lora(LoraSettings(**{**saved["lora"], "target_modules": tuple(saved["lora"]["target_modules"])}))
     model.load_trained(path)
     model.temperatures.update(config["temperatures"])
+    model.confidence_temperatures = config.get("confidence_temperatures")
     if config.get("router"):
         from .anomaly import FeatureDensity, Router
 

@@ -28,17 +28,17 @@ def probe_bars(comparison) -> go.Figure:
 
 
 def training_curves(history) -> go.Figure:
-    """Validation (and training) loss over the run: the L2 search of the heads, then LoRA epochs if any."""
+    """Held-out loss over the run: the L2 search of the heads, then the fine-tuning steps if any (top axis)."""
     heads = history[history["stage"] == "heads"]
     fig = go.Figure()
     for l2, group in heads.groupby("l2"):
-        fig.add_scatter(x=group["step"], y=group["val_loss"], mode="lines", name=f"heads, L2={l2:g} (validation)")
-    lora = history[(history["stage"] == "lora")] if "epoch" in history else history.iloc[0:0]
-    if len(lora):
-        val = lora.dropna(subset=["val_loss"])
-        fig.add_scatter(x=val["epoch"], y=val["val_loss"], mode="lines+markers", name="LoRA epochs (validation)",
-                        xaxis="x2")
-        fig.update_layout(xaxis2={"overlaying": "x", "side": "top", "title": "LoRA epoch"})
+        fig.add_scatter(x=group["step"], y=group["val_loss"], mode="lines", name=f"heads, L2={l2:g} (dev)")
+    tuned = history[history["stage"] != "heads"]
+    if len(tuned):
+        dev = tuned.dropna(subset=["val_loss"])
+        fig.add_scatter(x=dev["step"], y=dev["val_loss"], mode="lines+markers", xaxis="x2",
+                        name=f"{tuned['stage'].iloc[0]} fine-tuning (dev)")
+        fig.update_layout(xaxis2={"overlaying": "x", "side": "top", "title": "fine-tuning step"})
     return fig.update_layout(template=TEMPLATE, title="Training curves", xaxis_title="full-batch step (heads)",
                              yaxis_title="soft cross-entropy")
 

@@ -60,6 +60,8 @@ class RunReport:
     training: dict
     scores: dict[str, Scores]  # split name -> scores of the trained model
     baselines: dict[str, Scores] = field(default_factory=dict)  # e.g. "zero-shot (validation)" -> scores
+    calibration: dict = field(default_factory=dict)  # temperatures and the before/after table
+    routing: dict = field(default_factory=dict)  # the threshold and the share of each set sent to a human
 
     def to_json(self) -> dict:
         return {
@@ -68,6 +70,8 @@ class RunReport:
             "training": self.training,
             **{split: _metrics(s) for split, s in self.scores.items()},
             "baselines": {name: _metrics(s) for name, s in self.baselines.items()},
+            "calibration": self.calibration,
+            "routing": self.routing,
             "environment": environment(),
             "commit": git_commit(),
         }
@@ -75,7 +79,8 @@ class RunReport:
     def table(self) -> pd.DataFrame:
         rows = {f"trained model ({split})": s.overall() for split, s in self.scores.items()}
         rows.update({name: s.overall() for name, s in self.baselines.items()})
-        return pd.DataFrame(rows).T[["decisions", "accuracy", "accuracy_label", "kl", "brier", "ece"]]
+        return pd.DataFrame(rows).T[["decisions", "accuracy", "accuracy_label", "kl", "brier", "ece",
+                                     "ece_confidence"]]
 
     def card(self) -> str:
         lines = [f"backbone   {self.backbone['name']} ({self.backbone['source']})",
@@ -83,7 +88,9 @@ class RunReport:
                  f"peak memory {self.training['peak_memory_gb']:.2f} GB"]
         for name, row in self.table().iterrows():
             lines.append(f"{name:<34} accuracy {row['accuracy']:.3f}  KL {row['kl']:.3f}  "
-                         f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}")
+                         f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}  ECE of confidence "
+                         f"{row['ece_confidence']:.3f}")
+        lines += [f"routing    {k} {v:.1%}" for k, v in self.routing.items() if k.endswith("sent to a human")]
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -98,3 +105,28 @@ class RunReport:
     def save(self, folder: str | Path) -> None:
         write_atomic(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
         write_atomic(Path(folder) / "report.md", self.markdown())
+
+
+COMPARISON_COLUMNS = ["backbone", "mode", "accuracy", "kl", "brier", "ece", "ece_confidence", "training (min)",
+                      "peak memory (GB)", "compute dtype"]
+
+
+def run_row(folder: str | Path, split: str = "test") -> dict:
+    """One row of a comparison from a saved run's ``report.json`` (written by ``decisionkit train``, ``demo`` and
+    ``benchmarks/train_preset.py``): its scores on ``split``, training time and memory, where it ran."""
+    report = json.loads((Path(folder) / "report.json").read_text())
+    training, scores = report["training"], report[split]
+    return {"backbone": report["backbone"]["name"].split("/")[-1], "mode": training["mode"],
+            **{k: scores[k] for k in ("accuracy", "kl", "brier", "ece", "ece_confidence")},
+            "training (min)": training["seconds"] / 60, "peak memory (GB)": training["peak_memory_gb"],
+            "compute dtype": training.get("compute_dtype", "float32")}
+
+
+def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None = None,
+               split: str = "test") -> pd.DataFrame:
+    """Saved runs (name -> folder) and other measured scores (name -> Scores) side by side, then the quoted
+    references, each row labelled measured or quoted."""
+    rows = {f"{name} (measured)": run_row(folder, split) for name, folder in runs.items()}
+    rows.update({f"{name} (measured)": s.overall() for name, s in (measured or {}).items()})
+    quoted = REFERENCES.rename(index=lambda name: f"{name} (quoted)")
+    return pd.concat([pd.DataFrame.from_dict(rows, orient="index").reindex(columns=COMPARISON_COLUMNS), quoted])

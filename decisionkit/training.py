@@ -1,41 +1,59 @@
-"""Training a decision model on typed-decisions: soft-gold cross-entropy, one API, three modes.
+"""Training a decision model: soft-gold cross-entropy, one API, four modes.
 
 - ``heads``: the backbone stays frozen; its pooled features are extracted once (cached on disk) and the heads
-  train on them in seconds. The L2 strength is picked on the validation split.
-- ``lora``:  the heads are first fitted as in ``heads`` (a linear probe, then fine-tune: a good start keeps the
-  adapters from being pulled around by random heads), then LoRA adapters and heads train together.
+  train on them in seconds. The L2 strength and the number of steps are picked on a dev slice of train; the heads
+  are then fitted again on all of train with that choice.
+- ``full``:  every backbone weight trains with the heads (stage 2), starting from the stage-1 heads: a linear probe
+  first, then fine-tuning, so random heads never pull the backbone around (LP-FT, Kumar et al. 2022).
+- ``lora``:  stage 2 with only LoRA adapters trainable in the backbone.
 - ``qlora``: ``lora`` on a 4-bit NF4 base (Unsloth on a GPU; bitsandbytes + peft elsewhere).
 
-The second stage rides on ``accelerate``: ``accelerate launch -m decisionkit train --preset gpu`` spreads it over
-several GPUs. Validation runs every epoch; the best epoch by validation loss is the model that is saved; a
-checkpoint after every epoch lets an interrupted run resume. The test split is never loaded here.
+Stage 2, and the measurement behind each choice (``../shared/notes/cpu-facts.md`` and notebook 03):
+
+- Every optimizer step sees every workflow (``mixed_steps``). With batches grouped by length, 82% of a batch was
+  one workflow (the workflows' states differ in length), so each step moved the shared backbone for one
+  workflow's heads; validation accuracy fell 0.730 -> 0.648 in 70 steps, against 0.738 with mixed batches.
+- A step's cases run as micro-batches of similar length inside one workflow: no padding to the longest state.
+- The backbone and the heads have their own learning rates (the heads can be frozen), with warm-up and cosine
+  decay; gradients are clipped.
+- The dev slice is scored every ``eval_every`` steps and the best step is what is saved: training loss keeps
+  falling after held-out loss turns. A checkpoint (safetensors + JSON) at each evaluation lets a run resume.
+- The backbone runs in the compute dtype chosen for this machine (``precision.py``).
+
+The validation split (80 cases) is left for temperatures and routing thresholds; the test split is never loaded
+here. ``accelerate launch -m decisionkit train --preset gpu`` spreads stage 2 over several GPUs.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import platform
 import random
 import resource
-import os
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from . import settings
-
-from .backbone import LoraSettings, load_backbone
-from .data import Split, load_typed_decisions, token_lengths
-from .heads import batch_loss, fit_heads, targets, weight_norm
+from .backbone import ENCODER_BACKBONE, LoraSettings, load_backbone
+from .data import DEV_PER_WORKFLOW, Split, dev_slice, load_typed_decisions, token_lengths
+from .heads import batch_loss, fit_heads, refit_heads, targets, weight_norm
 from .model import DecisionModel, FeatureSpec, load
 
-CHECKPOINT_DIR = "checkpoint"  # inside the output folder: the last finished epoch, for resuming
+MODES = ("heads", "full", "lora", "qlora")
+CHECKPOINT_DIR = "checkpoint"  # inside the output folder: the last evaluated step, for resuming
+TRAINER_TENSORS = "trainer.safetensors"  # optimizer moments
+TRAINER_STATE = "trainer.json"  # step, history, scheduler; written last: its presence means the checkpoint is whole
 HISTORY_FILE = "history.json"
 
 
@@ -44,49 +62,73 @@ class Preset:
     """Everything that defines a training run. Quick presets shrink sizes only; the code path is the same."""
 
     name: str
-    mode: str  # "heads", "lora" or "qlora"
+    mode: str  # "heads", "full", "lora" or "qlora"
     backbone: str | None = None  # None: SmolLM2-135M-Instruct, offline
     dataset: str = "typed-decisions"  # or a scenario: "tickets", "ngs-qc", or a folder with schema.json
     features: FeatureSpec = FeatureSpec()
     train_per_workflow: int | None = None  # None: all 280 train cases of each workflow
     validation_per_workflow: int | None = None  # None: all 20
-    l2_grid: tuple[float, ...] = (1e-3, 3e-3, 1e-2)  # head L2 strengths tried on validation
+    dev_per_workflow: int = DEV_PER_WORKFLOW  # held out of train to pick L2 and steps; 0: pick on validation
+    l2_grid: tuple[float, ...] = (1e-3, 3e-3, 1e-2)  # head L2 strengths tried on the dev slice
     head_steps: int = 400  # full-batch AdamW steps per L2 strength, on cached features
     head_lr: float = 0.003  # Adam moves every weight ~lr a step: with 2,304 inputs a larger rate overfits in 50 steps
+    ordinal: float = 0.0  # weight of the expected level distance added to score questions' loss
     lora: LoraSettings | None = None
-    epochs: int = 0  # second stage (LoRA + heads); 0 in heads mode
-    lr: float = 1e-4  # LoRA peak learning rate (heads: head_lr / 10); 5e-4 diverged on cpu-full within an epoch
+    epochs: float = 0  # stage 2 length in passes over the training cases; 0 in heads mode
+    lr: float = 1e-4  # backbone peak rate in stage 2; 5e-4 diverged for LoRA on cpu-full within an epoch
+    finetune_head_lr: float = 3e-4  # heads' peak rate in stage 2; 0 freezes the stage-1 heads
+    weight_decay: float = 0.0  # decoupled weight decay on the backbone in stage 2
     max_grad_norm: float = 1.0  # gradient clipping, as transformers' Trainer does by default
-    warmup: float = 0.05  # fraction of the updates with a linear warm-up; then cosine decay to zero
-    batch_size: int = 8  # cases per step
-    grad_accum: int = 1  # steps per optimizer update
+    warmup: float = 0.06  # fraction of the steps with a linear warm-up; then cosine decay to zero
+    batch_size: int = 8  # cases per optimizer step, spread over the workflows
+    micro_batch: int = 4  # cases per forward pass: one workflow, similar lengths (batching gains little on a CPU)
+    eval_every: int = 35  # optimizer steps between dev evaluations and checkpoints
+    patience: int = 0  # stop after this many evaluations without a better dev loss; 0 runs every step
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: memory for ~40% more time
     seed: int = 3407
 
     def __post_init__(self):
-        if self.mode not in ("heads", "lora", "qlora"):
-            raise ValueError(f"mode is {self.mode!r}; expected heads, lora or qlora")
-        if self.mode != "heads" and (self.lora is None or self.epochs < 1):
-            raise ValueError(f"mode {self.mode!r} needs lora settings and epochs >= 1")
+        if self.mode not in MODES:
+            raise ValueError(f"mode is {self.mode!r}; expected one of {', '.join(MODES)}")
+        if self.mode != "heads" and self.epochs <= 0:
+            raise ValueError(f"mode {self.mode!r} needs epochs > 0 (the fine-tuning stage)")
+        if self.mode in ("lora", "qlora") and self.lora is None:
+            raise ValueError(f"mode {self.mode!r} needs lora settings")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "features": self.features.to_json()}
 
 
+_FULL = dict(mode="full", epochs=3, lr=3e-5, finetune_head_lr=1e-3, weight_decay=0.01)
 PRESETS = {
     # CI, tests and the notebooks' quick mode: a few cases, short inputs, heads only. About a minute on 2 cores.
     "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=256), train_per_workflow=20,
-                        validation_per_workflow=10),
-    # Heads on frozen SmolLM2 features, full data: about 20 minutes on 2 cores, mostly the one-off extraction.
+                        validation_per_workflow=10, dev_per_workflow=5),
+    # Heads on frozen SmolLM2 features, full data: the fast baseline (about 6 minutes with bfloat16, mostly the
+    # one-off extraction), and what `make demo` trains.
     "cpu-heads": Preset("cpu-heads", "heads"),
-    # LoRA on SmolLM2, full data, on 2 CPU cores: the course's full CPU run (about an hour). Adapters on the upper
-    # half only: the backward pass stops at layer 15, a third less work per step, for the same number of epochs.
-    "cpu-full": Preset("cpu-full", "lora", lora=LoraSettings(first_layer=0.5), epochs=2, batch_size=8),
-    # The LoRA path on a handful of cases: for tests and quick demos of the second stage.
-    "cpu-lora-quick": Preset("cpu-lora-quick", "lora", features=FeatureSpec(max_length=64), train_per_workflow=3,
-                             validation_per_workflow=2, head_steps=50, lora=LoraSettings(), epochs=1, batch_size=4),
-    # Your own decisions (notebook 08): heads on the project's scenario data; small sets want a stronger L2.
-    "tickets": Preset("tickets", "heads", dataset="tickets", l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
-    "ngs-qc": Preset("ngs-qc", "heads", dataset="ngs-qc", l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
+    # LoRA on SmolLM2, adapters on the upper half only: the backward pass stops at layer 15.
+    "cpu-lora": Preset("cpu-lora", "lora", lora=LoraSettings(first_layer=0.5), epochs=2, lr=1e-4),
+    # Every SmolLM2 weight trains.
+    "cpu-full": Preset("cpu-full", **_FULL),
+    # Every weight of the 22.7M-parameter MiniLM encoder trains: about 6x less arithmetic per case than SmolLM2.
+    "cpu-encoder": Preset("cpu-encoder", backbone=ENCODER_BACKBONE, features=FeatureSpec("mean", (1.0,), 512),
+                          **{**_FULL, "lr": 8e-5, "epochs": 6}),
+    # The second stage on a handful of cases: for tests and quick demos of fine-tuning.
+    "cpu-full-quick": Preset("cpu-full-quick", "full", features=FeatureSpec(max_length=64), train_per_workflow=4,
+                             validation_per_workflow=2, dev_per_workflow=1, head_steps=50, epochs=1, lr=1e-5,
+                             batch_size=4, eval_every=2),
+    "cpu-lora-quick": Preset("cpu-lora-quick", "lora", features=FeatureSpec(max_length=64), train_per_workflow=4,
+                             validation_per_workflow=2, dev_per_workflow=1, head_steps=50, lora=LoraSettings(),
+                             epochs=1, batch_size=4, eval_every=2),
+    # Your own decisions (notebook 08): heads on the project's scenario data, which has its own validation split;
+    # small sets want a stronger L2.
+    "tickets": Preset("tickets", "heads", dataset="tickets", dev_per_workflow=0, l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
+    "ngs-qc": Preset("ngs-qc", "heads", dataset="ngs-qc", dev_per_workflow=0, l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
     # The reference run: Qwen3.5-4B in 4-bit NF4, LoRA r16 / alpha 16, Unsloth, one 24 GB GPU.
     "gpu": Preset("gpu", "qlora", backbone="unsloth/Qwen3.5-4B", features=FeatureSpec("mean", (0.5, 1.0), 1024),
-                  lora=LoraSettings(), epochs=3, lr=2e-4, batch_size=8, grad_accum=2),  # the reference's rate
+                  lora=LoraSettings(), epochs=3, lr=2e-4, finetune_head_lr=2e-4, batch_size=16, micro_batch=8,
+                  gradient_checkpointing=True),  # the reference's rate; checkpointing pays at 1,024 tokens
 }
 
 
@@ -111,7 +153,7 @@ def peak_memory_gb(device: str) -> float:
 
 @dataclass
 class TrainResult:
-    """What a run did: the training curves, the best validation loss, wall time and peak memory."""
+    """What a run did: the training curves, the best held-out loss, wall time and peak memory."""
 
     preset: Preset
     history: pd.DataFrame
@@ -123,7 +165,7 @@ class TrainResult:
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame({"value": {
-            "preset": self.preset.name, "mode": self.preset.mode, "best validation loss": round(self.best_val_loss, 4),
+            "preset": self.preset.name, "mode": self.preset.mode, "best dev loss": round(self.best_val_loss, 4),
             "wall time (s)": round(self.seconds, 1), "peak memory (GB)": round(self.peak_memory_gb, 2),
             **self.extra}})
 
@@ -142,14 +184,20 @@ def load_split(dataset: str, split: str, data_dir=None) -> Split:
     return load_scenario(dataset, split)
 
 
-def _load_splits(p: Preset, data_dir) -> tuple[Split, Split]:
+def training_splits(p: Preset, data_dir=None) -> tuple[Split, Split, Split]:
+    """``(train, dev, validation)`` for preset ``p``: the dev slice is held out of train (or is the validation
+    split itself when ``dev_per_workflow`` is 0)."""
     train = load_split(p.dataset, "train", data_dir)
     validation = load_split(p.dataset, "validation", data_dir)
     if p.train_per_workflow:
-        train = train.head(p.train_per_workflow)
+        train = train.head(p.train_per_workflow + p.dev_per_workflow)
     if p.validation_per_workflow:
         validation = validation.head(p.validation_per_workflow)
-    return train, validation
+    if p.dev_per_workflow:
+        train, dev = dev_slice(train, p.dev_per_workflow)
+    else:
+        dev = validation
+    return train, dev, validation
 
 
 def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, progress: bool = True) -> TrainResult:
@@ -159,96 +207,177 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
     seed_everything(p.seed)
     started = time.perf_counter()
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
-    train_split, validation = _load_splits(p, data_dir)
-    spec = p.features.resolved(backbone.num_layers)
-    model = DecisionModel(backbone, train_split.schema(), spec)
+    train_split, dev, validation = training_splits(p, data_dir)
+    model = DecisionModel(backbone, train_split.schema(), p.features)
 
-    # Stage 1: heads on frozen, cached features.
-    train_raw = model.raw_split_features(train_split)
-    model.set_normalization(train_raw.cpu().numpy())
-    train_x = model.normalize(train_raw)
-    val_x = model.normalize(model.raw_split_features(validation))
-    fit = fit_heads(model.heads, train_split, validation, train_x, val_x, p.l2_grid, p.head_steps, p.head_lr,
+    # Stage 1: heads on frozen, cached features; L2 and steps picked on the dev slice.
+    train_x = model.normalize_fitted(model.raw_split_features(train_split))
+    dev_x = model.normalize(model.raw_split_features(dev))
+    fit = fit_heads(model.heads, train_split, dev, train_x, dev_x, p.l2_grid, p.head_steps, p.head_lr, p.ordinal,
                     progress)
-    history, best_val, l2 = fit.history, fit.best_val_loss, fit.l2
-    extra = {"head L2": l2, "train cases": len(train_split), "validation cases": len(validation)}
-
-    if p.mode != "heads":
-        history, best_val = _fit_lora(model, train_split, validation, p, out, history, best_val, l2, resume, progress)
-    else:
+    history, best = fit.history, fit.best_val_loss
+    extra = {"head L2": fit.l2, "head steps": fit.step, "train cases": len(train_split), "dev cases": len(dev),
+             "validation cases": len(validation), **backbone.precision.describe()}
+    if p.mode == "heads":
+        if p.dev_per_workflow:  # the choice is made: fit again on every training case
+            everything = Split("train", train_split.cases + dev.cases, train_split.source)
+            train_x = model.normalize_fitted(model.raw_split_features(everything))
+            refit_heads(model.heads, everything, train_x, fit, p.head_lr, p.ordinal)
+            extra["train cases"] = len(everything)
         model.save(out)
+    else:
+        history, best, step = _finetune(model, train_split, dev, p, out, history, best, fit.l2, resume, progress)
+        extra["best step"] = step
     seconds = time.perf_counter() - started
     peak = peak_memory_gb(backbone.device)
-    result = TrainResult(p, pd.DataFrame(history), best_val, seconds, peak, out, extra)
+    result = TrainResult(p, pd.DataFrame(history), best, seconds, peak, out, extra)
     (out / HISTORY_FILE).write_text(json.dumps({
-        "preset": {**asdict(p), "features": p.features.to_json()}, "history": history, "best_val_loss": best_val,
-        "seconds": seconds, "peak_memory_gb": peak, "device": backbone.device, "machine": platform.platform(),
-        **extra}, indent=2, default=str))
+        "preset": p.to_json(), "history": history, "best_val_loss": best, "seconds": seconds, "peak_memory_gb": peak,
+        "machine": platform.platform(), **extra}, indent=2, default=str))
     return result
 
 
-def _fit_lora(model: DecisionModel, train_split: Split, validation: Split, p: Preset, out: Path, history: list,
-              best_val: float, l2: float, resume: bool, progress: bool) -> tuple[list, float]:
-    """Stage 2: LoRA adapters and heads together, with accelerate; checkpoint every epoch, keep the best."""
+def mixed_steps(workflows: list[str], lengths: list[int], batch_size: int, micro_batch: int,
+                seed: int) -> list[list[list[int]]]:
+    """One epoch of optimizer steps over cases ``0..n-1``. Each step holds ``batch_size`` cases with the workflows
+    mixed in proportion (each workflow shuffled, then interleaved evenly); its cases run as micro-batches of at most
+    ``micro_batch`` cases of one workflow, sorted by length so little is padded."""
+    rng = np.random.default_rng(seed)
+    keyed = []
+    for workflow in sorted(set(workflows)):
+        members = rng.permutation([i for i, w in enumerate(workflows) if w == workflow])
+        offset = rng.random()
+        keyed += [((k + offset) / len(members), int(i)) for k, i in enumerate(members)]
+    stream = [i for _, i in sorted(keyed)]
+    steps = []
+    for lo in range(0, len(stream), batch_size):
+        micro = []
+        for workflow in sorted({workflows[i] for i in stream[lo:lo + batch_size]}):
+            group = sorted((i for i in stream[lo:lo + batch_size] if workflows[i] == workflow), key=lambda i: lengths[i])
+            micro += [group[k:k + micro_batch] for k in range(0, len(group), micro_batch)]
+        steps.append(micro)
+    return steps
+
+
+def _save_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler, state: dict) -> None:
+    """The model, the optimizer moments (safetensors) and the trainer state (JSON, written last)."""
+    core.save(folder)
+    flat, meta = {}, {}
+    for index, moments in optimizer.state_dict()["state"].items():
+        for name, value in moments.items():
+            if torch.is_tensor(value):
+                flat[f"{index}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                meta.setdefault(str(index), {})[name] = value
+    save_file(flat, folder / TRAINER_TENSORS)
+    payload = {**state, "optimizer_state": meta, "param_groups": optimizer.state_dict()["param_groups"],
+               "scheduler": scheduler.state_dict()}
+    (folder / f".{TRAINER_STATE}.tmp").write_text(json.dumps(payload, default=float))
+    os.replace(folder / f".{TRAINER_STATE}.tmp", folder / TRAINER_STATE)
+
+
+def _load_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler) -> dict:
+    core.load_trained(folder)
+    payload = json.loads((folder / TRAINER_STATE).read_text())
+    state: dict = {}
+    for key, value in load_file(str(folder / TRAINER_TENSORS)).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    for index, moments in payload.pop("optimizer_state").items():
+        state.setdefault(int(index), {}).update(moments)
+    optimizer.load_state_dict({"state": state, "param_groups": payload.pop("param_groups")})
+    scheduler.load_state_dict(payload.pop("scheduler"))
+    return payload
+
+
+@torch.no_grad()
+def dev_scores(core: DecisionModel, dev: Split) -> dict:
+    """Soft cross-entropy and accuracy (the benchmark's rule) of the current model on ``dev``."""
+    x = core.split_features(dev)
+    target = targets(dev, device=x.device)
+    right = total = 0
+    for workflow, rows in target.rows.items():
+        for qid, z in core.heads(x[rows], workflow).items():
+            gold = target.gold[workflow][qid]
+            right += int((z.argmax(-1) == gold.argmax(-1)).sum())
+            total += len(gold)
+    return {"val_loss": batch_loss(core.heads, x, target).item(), "val_accuracy": right / total}
+
+
+def _finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, out: Path, history: list,
+              best: float, l2: float, resume: bool, progress: bool) -> tuple[list, float, int]:
+    """Stage 2: the backbone (all of it, or LoRA adapters) and the heads together; the dev slice is scored every
+    ``eval_every`` steps, the best step is saved to ``out``, and a checkpoint lets an interrupted run resume."""
     from accelerate import Accelerator
     from transformers import get_cosine_schedule_with_warmup
-    from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    model.attach_lora(p.lora)
-    accelerator = Accelerator(gradient_accumulation_steps=p.grad_accum, cpu=model.backbone.device == "cpu")
-    params = [{"params": [q for q in model.encoder.parameters() if q.requires_grad], "lr": p.lr},
-              {"params": model.heads.parameters(), "lr": p.head_lr / 10}]
-    optimizer = torch.optim.AdamW(params, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(p.seed)
-    # Batches of similar length (shuffled in groups, as transformers' Trainer does with group_by_length): padding
-    # to the longest state in a batch is wasted work, about a quarter of it on typed-decisions.
+    if p.mode == "full":
+        model.unfreeze_backbone()
+    else:
+        model.attach_lora(p.lora)
+    if p.gradient_checkpointing:
+        model.backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.heads.requires_grad_(p.finetune_head_lr > 0)
+    accelerator = Accelerator(cpu=model.backbone.device == "cpu")
+    backbone_params = [q for q in model.encoder.parameters() if q.requires_grad]
+    groups = [{"params": backbone_params, "lr": p.lr, "weight_decay": p.weight_decay}]
+    if p.finetune_head_lr > 0:
+        groups.append({"params": list(model.heads.parameters()), "lr": p.finetune_head_lr, "weight_decay": 0.0})
+    optimizer = torch.optim.AdamW(groups)
     lengths = [min(n, model.spec.max_length) for n in token_lengths(train_split, model.backbone.tokenizer).lengths]
-    sampler = LengthGroupedSampler(p.batch_size, lengths=lengths, generator=generator)
-    loader = torch.utils.data.DataLoader(list(range(len(train_split))), batch_size=p.batch_size, sampler=sampler,
-                                         collate_fn=list)
-    updates = p.epochs * -(-len(loader) // p.grad_accum)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, round(p.warmup * updates), updates)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    workflows = train_split.case_workflows
+    per_epoch = math.ceil(len(train_split) / p.batch_size)
+    total = max(1, round(p.epochs * per_epoch))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(p.warmup * total), total)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     core = accelerator.unwrap_model(model)
-    start_epoch = 1
     checkpoint = out / CHECKPOINT_DIR
-    if resume and (checkpoint / "state.pt").is_file():
-        state = torch.load(checkpoint / "state.pt", weights_only=False)
-        core.load_trained(checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        generator.set_state(state["generator"])
-        history, best_val, start_epoch = state["history"], state["best_val"], state["epoch"] + 1
-    elif best_val < float("inf"):
+    step, best_step, stale = 0, 0, 0
+    if resume and (checkpoint / TRAINER_STATE).is_file():
+        state = _load_checkpoint(checkpoint, core, optimizer, scheduler)
+        history, best, step, best_step, stale = (state[k] for k in ("history", "best", "step", "best_step", "stale"))
+    else:
         core.save(out)  # the stage-1 model is the best so far
-    for epoch in range(start_epoch, p.epochs + 1):
+    bar = tqdm(total=total, initial=step, desc=f"{p.mode} fine-tuning", unit="step",
+               disable=not progress or settings.progress_hidden())
+    while step < total and not (p.patience and stale >= p.patience):
+        epoch, within = divmod(step, per_epoch)
+        plan = mixed_steps(workflows, lengths, p.batch_size, p.micro_batch, p.seed + epoch)[within]
         core.train()
-        for rows in tqdm(loader, desc=f"epoch {epoch}/{p.epochs}", disable=not progress or settings.progress_hidden()):
-            with accelerator.accumulate(model):
-                features = model([train_split[i].text for i in rows])
-                data_loss = batch_loss(core.heads, features, targets(train_split, rows, features.device))
-                accelerator.backward(data_loss + l2 * weight_norm(core.heads))
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            history.append({"stage": "lora", "epoch": epoch, "train_loss": data_loss.item()})  # as in stage 1
-        core.eval()
-        with torch.no_grad():
-            val_x = core.split_features(validation)
-            val_loss = batch_loss(core.heads, val_x, targets(validation, device=val_x.device)).item()
-        history.append({"stage": "lora", "epoch": epoch, "val_loss": val_loss})
-        if val_loss < best_val:
-            best_val = val_loss
-            core.save(out)
-        core.save(checkpoint)
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "generator": generator.get_state(), "epoch": epoch,
-                 "history": history, "best_val": best_val}
-        torch.save(state, checkpoint / "state.pt.tmp")
-        os.replace(checkpoint / "state.pt.tmp", checkpoint / "state.pt")  # written last: the epoch is complete
+        decisions = sum(len(train_split[i].questions) for micro in plan for i in micro)
+        data_loss = 0.0
+        for k, rows in enumerate(plan):
+            features = model([train_split[i].text for i in rows])
+            target = targets(train_split, rows, features.device)
+            loss = batch_loss(core.heads, features, target, p.ordinal) * (target.decisions / decisions)
+            if p.finetune_head_lr > 0:
+                loss = loss + l2 * weight_norm(core.heads) / len(plan)
+            with accelerator.no_sync(model) if k < len(plan) - 1 else nullcontext():
+                accelerator.backward(loss)
+            data_loss += batch_loss(core.heads, features.detach(), target).item() * target.decisions / decisions
+        accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        step += 1
+        bar.update()
+        history.append({"stage": p.mode, "step": step, "epoch": step / per_epoch, "train_loss": data_loss,
+                        "lr": scheduler.get_last_lr()[0]})
+        if step % p.eval_every == 0 or step == total:
+            core.eval()
+            scores = dev_scores(core, dev)
+            history.append({"stage": p.mode, "step": step, "epoch": step / per_epoch, **scores})
+            bar.set_postfix(dev_loss=f"{scores['val_loss']:.4f}", dev_acc=f"{scores['val_accuracy']:.3f}")
+            if scores["val_loss"] < best:
+                best, best_step, stale = scores["val_loss"], step, 0
+                core.save(out)
+            else:
+                stale += 1
+            _save_checkpoint(checkpoint, core, optimizer, scheduler,
+                             {"history": history, "best": best, "step": step, "best_step": best_step, "stale": stale})
+    bar.close()
     shutil.rmtree(checkpoint, ignore_errors=True)  # finished: the best model is in ``out``
-    return history, best_val
+    return history, best, best_step
 
 
 def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):
@@ -258,4 +387,3 @@ def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: s
     model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
     cases = load_split(dataset, split, data_dir)
     return score(cases, model.predict(cases))
-

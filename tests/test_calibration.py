@@ -64,9 +64,9 @@ def test_calibration_is_fitted_on_validation_only(quick_model, splits):
     for split in ("validation", "test"):  # temperature never changes which option is on top
         assert table.loc[(split, "before"), "accuracy"] == table.loc[(split, "after"), "accuracy"]
     fits = with_test.temperature_table()
-    assert set(fits.index) >= {"global", "noul", "choice", "score"} and set(fits["target"]) == {"label"}
+    assert set(fits.index) >= {(t, s) for t in ("label", "distribution") for s in ("global", "noul", "choice", "score")}
     assert (fits["nll_after"] <= fits["nll_before"] + 1e-9).all()
-    assert {"ece (10 bins)", "ece (15 bins)"} <= set(table.columns)
+    assert {"ece (10 bins)", "ece (15 bins)", "ece of confidence (10 bins)"} <= set(table.columns)
     assert len(with_test.reliability_figure("test").data) == 3
     assert len(with_test.risk_coverage_figure("validation").data) == 2
     assert len(with_test.confidence_figure("test").data) == 2
@@ -80,6 +80,7 @@ def test_temperatures_travel_with_the_saved_model(quick_model, splits, tmp_path)
     before = model.decide(case.state, workflow=case.workflow)
     reopened = decisionkit.load(model.save(tmp_path / "calibrated"))
     assert reopened.temperatures == pytest.approx(model.temperatures)
+    assert reopened.confidence_temperatures == pytest.approx(model.confidence_temperatures)
     after = reopened.decide(case.state, workflow=case.workflow)
     for qid, a in before.items():
         for key in ("noul", "confidence"):
@@ -95,3 +96,31 @@ def test_risk_coverage_ends_at_the_overall_accuracy(quick_model, splits):
     assert curve["coverage"].iloc[-1] == 1.0
     assert math.isclose(curve["accuracy"].iloc[-1], scores.overall()["accuracy"])
     assert curve["threshold"].is_monotonic_decreasing
+
+
+def test_both_targets_fit_probabilities_and_confidence_apart(quick_model, splits):
+    path, _ = quick_model
+    validation = splits["validation"].head(10)
+    model = decisionkit.load(path)
+    report = calibrate(model, validation)  # target="both"
+    fits = report.temperature_table()["temperature"]
+    assert model.temperatures == {t: fits[("distribution", t)] for t in ("noul", "choice", "score")}
+    assert model.confidence_temperatures == {t: fits[("label", t)] for t in ("noul", "choice", "score")}
+    case = validation[0]
+    probs = model.predict(validation.head(1))[0]
+    answers = model.decide(case.state, workflow=case.workflow)
+    for qid, question in case.questions.items():
+        if question.type == "noul":
+            assert "confidence" not in answers[qid]
+            continue
+        # the confidence is the top option re-tempered at the label's temperature, the probabilities are not
+        z = np.log(probs[qid]) * model.temperatures[question.type]
+        expected = torch.softmax(torch.as_tensor(z) / model.confidence_temperatures[question.type], -1).max().item()
+        assert answers[qid]["confidence"] == pytest.approx(expected, abs=1e-5)
+        assert max(answers[qid]["probabilities"].values()) == pytest.approx(probs[qid].max(), abs=1e-5)
+    after = report.scores[("validation", "after")]
+    confidences = model.confidences(validation, model.predict(validation))
+    assert after.confidence_ece() == pytest.approx(score(validation, model.predict(validation), confidences)
+                                                   .confidence_ece(), abs=1e-6)
+    with pytest.raises(ValueError, match="expected one of both, label, distribution"):
+        calibrate(model, validation, target="answer")

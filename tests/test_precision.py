@@ -1,0 +1,50 @@
+import pytest
+import torch
+
+from decisionkit import precision
+
+
+@pytest.fixture(autouse=True)
+def fresh_choice():
+    precision.choose.cache_clear()
+    yield
+    precision.choose.cache_clear()
+
+
+def test_the_override_is_obeyed_and_checked(monkeypatch):
+    monkeypatch.setenv(precision.DTYPE_ENV, "float32")
+    assert precision.choose("cpu").dtype == "float32"
+    precision.choose.cache_clear()
+    monkeypatch.setenv(precision.DTYPE_ENV, "bfloat16")
+    chosen = precision.choose("cpu")
+    assert chosen.dtype == "bfloat16" and precision.DTYPE_ENV in chosen.reason
+    precision.choose.cache_clear()
+    monkeypatch.setenv(precision.DTYPE_ENV, "fp8")
+    with pytest.raises(ValueError, match="expected auto, float32 or bfloat16"):
+        precision.choose("cpu")
+
+
+def test_auto_follows_the_cpu(monkeypatch):
+    monkeypatch.delenv(precision.DTYPE_ENV, raising=False)
+    chosen = precision.choose("cpu")
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert chosen.dtype == "float32" and "no bfloat16 instructions" in chosen.reason
+    else:  # the probe measured both dtypes and says by how much bfloat16 ran
+        assert "x float32 on this CPU" in chosen.reason
+    assert set(chosen.describe()) == {"device", "compute_dtype", "reason", "cpu_capability"}
+
+
+def test_a_slow_bfloat16_is_not_chosen(monkeypatch):
+    monkeypatch.delenv(precision.DTYPE_ENV, raising=False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(precision, "matmul_seconds", lambda dtype: 3.0 if dtype == torch.bfloat16 else 1.0)
+    chosen = precision.choose("cpu")
+    assert chosen.dtype == "float32" and "0.3x" in chosen.reason
+
+
+def test_autocast_runs_matmuls_in_the_chosen_dtype():
+    x = torch.randn(4, 4)
+    with precision.Precision("cpu", "bfloat16", "test").autocast():
+        assert (x @ x).dtype == torch.bfloat16
+    with precision.Precision("cpu", "float32", "test").autocast():
+        assert (x @ x).dtype == torch.float32
