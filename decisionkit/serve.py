@@ -19,8 +19,6 @@ answer within ``request_timeout``; 500 for a bug. The server binds to 127.0.0.1 
 benchmarks); ``load_test`` measures it. ``serve_ray.py`` deploys the same app on Ray Serve.
 """
 
-from __future__ import annotations
-
 import datetime
 import json
 import os
@@ -218,7 +216,7 @@ class JSONErrorsProtocol(H11Protocol):
         body = json.dumps({"detail": f"{msg} Check the request line, the headers and Content-Length."}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
@@ -247,7 +245,8 @@ def install(app: FastAPI, models: dict[str, Path], limits: Limits) -> None:
 # ----- the model side -------------------------------------------------------------------------------------------------
 class SystemOneAPI(ls.LitAPI):
     """LitServe's model side, in the inference worker: each request is checked against its model on its own, then
-    every request of a batch is answered by one ``decide_many`` per model."""
+    every request of a batch is answered by one ``decide_many`` per model. (LitServe reads the request model from
+    ``decode_request``'s annotation, so this module does not postpone annotations.)"""
 
     def __init__(self, models: dict[str, Path], batching: Batching = Batching()):
         super().__init__(max_batch_size=batching.max_batch_size, batch_timeout=batching.timeout, api_path=ENDPOINT)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
 from .data import DataError, Question, render_state
 
@@ -87,7 +87,10 @@ class Asset(Contract):
 
 
 def checked_state(state: Any) -> Any:
-    """The state as given, if it holds something and every number is finite; nested at most MAX_STATE_DEPTH."""
+    """The state as given, if it is a text, an object or an array that holds something, every number finite,
+    nested at most MAX_STATE_DEPTH deep."""
+    if not isinstance(state, (str, dict, list)):
+        raise ValueError(f"state must be a string, an object or an array; got {json_type(state)}")
     if isinstance(state, str) and not state.strip():
         raise ValueError("state is an empty string; send the text or the JSON state the questions are about")
     if isinstance(state, (dict, list)) and not state:
@@ -104,9 +107,17 @@ def checked_state(state: Any) -> Any:
     return state
 
 
+def json_type(value: Any) -> str:
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    return names.get(type(value), type(value).__name__)
+
+
+STATE_SCHEMA = {"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}], "title": "State"}
+
+
 class SystemOneRequest(Contract):
     model: str = Field(description="Name of the model to use, as GET /v1/models lists it.")
-    state: Annotated[str | dict[str, Any] | list[Any], AfterValidator(checked_state)] = Field(
+    state: Annotated[Any, AfterValidator(checked_state), WithJsonSchema(STATE_SCHEMA)] = Field(
         description="The content all questions in this request refer to: a text, a JSON object or an array.")
     questions: dict[str, AnyQuestion] = Field(min_length=1, description="Questions about the content, each with a "
                                                                         "name you choose; answers use those names.")

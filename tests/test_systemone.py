@@ -41,7 +41,7 @@ def test_an_sdk_request_validates_in_the_contract():
 
 
 @pytest.mark.parametrize("state, message", [
-    (None, "Input should be a valid"), (42, "Input should be a valid"), ("", "empty string"), ("  \n", "empty string"),
+    (None, "got null"), (42, "got a number"), (True, "got a boolean"), ("", "empty string"), ("  \n", "empty string"),
     ({}, "empty dict"), ([], "empty list"), ({"x": math.nan}, "not a JSON number"), ([math.inf], "not a JSON number"),
     ({"a": json.loads("[" * 70 + "]" * 70)}, "nested more than 64"),
 ])
