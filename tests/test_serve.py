@@ -21,6 +21,7 @@ from decisionkit.cli import build_parser, main
 from decisionkit.serve import ENDPOINT, InFlightLimit, Limits, launch, load_test
 
 READ_TIMEOUT = 1.0  # seconds; short, so the slow-body cases end quickly
+SDK_TIMEOUT = 300.0  # seconds; the SDK's default 10 s is too short for a busy 2-core CI machine
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,11 @@ def served(quick_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cases(splits):
-    """One validation case per workflow: together they ask noul, choice and score questions."""
-    return [splits["validation"].head(1)[i] for i in range(4)]
+def cases(splits, quick_model):
+    """Four validation cases short enough for the quick model (it reads 128 tokens; longer states are refused)."""
+    _, model = quick_model
+    fits = [c for c in splits["validation"] if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length]
+    return fits[:4]
 
 
 def questions(case) -> dict:
@@ -45,9 +48,9 @@ def good_body(name, case) -> bytes:
     return json.dumps({"model": name, "state": case.state, "questions": questions(case)}).encode()
 
 
-def client(server, name, **options) -> sdk.TypeSafeClient:
-    return sdk.TypeSafeClient(api_key="local", base_url=server.url, model=name,
-                              retry=sdk.RetryPolicy(max_retries=0), **options)
+def client(server, name) -> sdk.TypeSafeClient:
+    return sdk.TypeSafeClient(api_key="local", base_url=server.url, model=name, timeout=SDK_TIMEOUT,
+                              retry=sdk.RetryPolicy(max_retries=0))
 
 
 def assert_matches(result: sdk.SystemOneResponse, local: dict) -> None:
@@ -85,7 +88,7 @@ def test_sdk_async_client_concurrent_requests_share_batches_and_match(served, ca
     server, name, model = served
 
     async def ask_all():
-        async with sdk.AsyncTypeSafeClient(api_key="local", base_url=server.url, model=name,
+        async with sdk.AsyncTypeSafeClient(api_key="local", base_url=server.url, model=name, timeout=SDK_TIMEOUT,
                                            retry=sdk.RetryPolicy(max_retries=0)) as aclient:
             return await asyncio.gather(*[aclient.system_one(state=c.state, questions=questions(c))
                                           for c in cases * 2])
@@ -234,9 +237,7 @@ def test_refusals_name_the_field(served, cases):
 
 def test_unicode_states_are_answered(served, cases):
     server, name, _ = served
-    body = json.loads(good_body(name, cases[1]))
-    body["state"] = {**body["state"], "note": "Kunde schreibt: „Rückerstattung bitte“ — 返金してください 🙏 مرحبا"} \
-        if isinstance(body["state"], dict) else body["state"] + " 返金してください 🙏"
+    body = {**json.loads(good_body(name, cases[1])), "state": "Kunde: „Rückerstattung bitte“ — 返金してください 🙏 مرحبا"}
     status, _, payload = exchange(server, http_request(json.dumps(body, ensure_ascii=False).encode()))
     assert status == 200 and set(payload["answers"]) == set(cases[1].questions)
 
