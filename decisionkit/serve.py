@@ -39,6 +39,7 @@ import anyio
 import h11
 import litserve as ls
 import numpy as np
+import pandas as pd
 import pydantic_core
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -393,3 +394,71 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
     return {"clients": concurrency, "requests": len(latencies), "lost": lost[0],
             "requests/s": len(latencies) / elapsed,
             **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
+
+
+@dataclass
+class LoadComparison:
+    """Load tests of one server setting per row: batching (max batch size) x concurrent clients."""
+
+    rows: list[dict]
+    hardware: dict
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows).set_index(["max batch", "clients"])
+
+    def speedup(self, clients: int) -> float:
+        """Requests per second with batching over one request per forward, at ``clients`` clients."""
+        rate = self.table()["requests/s"].xs(clients, level="clients")
+        return float(rate[rate.index > 1].max() / rate[1])
+
+    def figure(self):
+        from .plots import load_curves
+
+        return load_curves(self.table())
+
+
+def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], clients: Sequence[int] = (1, 4, 16, 64),
+                     batch_sizes: Sequence[int] = (16, 1), requests: Callable[[int], int] = lambda n: max(24, 2 * n),
+                     seconds: float = 300.0, limits: Limits = Limits(), log: str | Path | None = None
+                     ) -> LoadComparison:
+    """For each max batch size (1: no batching), launch the server and load-test it at each number of clients,
+    ``requests(clients)`` requests per level (at most ``seconds``). Each row records the load average, since other
+    work on the machine slows the model too."""
+    from .latency import hardware
+
+    rows = []
+    for size in batch_sizes:
+        with launch(runs, batching=Batching(size), limits=limits, log=log) as server:
+            url = f"{server.url}{ENDPOINT}"
+            load_test(url, bodies, concurrency=2, seconds=seconds, max_requests=4)  # warm-up, not counted
+            for n in clients:
+                result = load_test(url, bodies, concurrency=n, seconds=seconds, max_requests=requests(n))
+                rows.append({"max batch": size, **result, "load average": round(os.getloadavg()[0], 2)})
+    return LoadComparison(rows, hardware())
+
+
+def compute_facts(model) -> dict:
+    """The model's compute dtype and device, and the CPU's bf16 support: timings depend on all three."""
+    import torch
+
+    return {"compute dtype": str(next(model.backbone.model.parameters()).dtype).replace("torch.", ""),
+            "device": model.backbone.device, "cpu capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu bf16 instructions": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+
+
+def batch_sweep(model, requests: Sequence[dict], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> pd.DataFrame:
+    """Milliseconds per request of ``model.decide_many`` by batch size, on the same requests (what a server's
+    batching can gain on this device, without HTTP)."""
+    from .latency import time_calls
+
+    model.decide_many(requests, batch_size=max(sizes))  # the first forward passes page the weights in
+    rows = []
+    for size in sizes:
+        chunks = [list(requests[i:i + size]) for i in range(0, len(requests) - size + 1, size)]
+        timing = time_calls(f"batch {size}", lambda chunk: model.decide_many(chunk, batch_size=size), chunks, warmup=1)
+        per_request = timing.median / size
+        rows.append({"batch size": size, "batches": len(chunks), "ms per request": per_request,
+                     "requests/s": 1e3 / per_request})
+    table = pd.DataFrame(rows).set_index("batch size")
+    table["speed-up"] = table["requests/s"] / table["requests/s"].iloc[0]
+    return table
