@@ -21,18 +21,10 @@ from pathlib import Path
 import decisionkit as dk
 from decisionkit.latency import hardware
 from decisionkit.serve import (ENDPOINT, Batching, Limits, LoadComparison, batch_sweep, compare_batching,
-                               compute_facts, free_port, load_test)
+                               compute_facts, free_port, load_test, requests_for)
 
 
-def bodies_for(model, name: str, count: int) -> tuple[list[dict], list[bytes]]:
-    """``count`` test cases that fit the model, as decide_many requests and as System One request bodies."""
-    fits = [c for c in dk.load_typed_decisions("test")
-            if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:count]
-    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}} for c in fits]
-    return asked, [json.dumps({"model": name, **a}).encode() for a in asked]
-
-
-def ray_levels(run: Path, bodies, clients, requests, seconds) -> LoadComparison:
+def ray_levels(run: Path, bodies, clients, rounds, min_requests, seconds) -> LoadComparison:
     """The Ray Serve deployment on a local Ray instance (loopback), batched, at each number of clients."""
     import ray
     from ray import serve
@@ -49,7 +41,7 @@ def ray_levels(run: Path, bodies, clients, requests, seconds) -> LoadComparison:
     url = f"http://127.0.0.1:{port}{ENDPOINT}"
     try:
         load_test(url, bodies, concurrency=2, seconds=seconds, max_requests=4)  # warm-up
-        rows = [{"max batch": 16, **load_test(url, bodies, n, seconds, requests(n)),
+        rows = [{"max batch": 16, **load_test(url, bodies, n, seconds, max(min_requests, rounds * n)),
                  "load average": round(os.getloadavg()[0], 2)} for n in clients]
     finally:
         serve.shutdown()
@@ -72,21 +64,18 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     model = dk.load(run)
-    asked, bodies = bodies_for(model, run.name, max(32, max(args.sweep)))
+    asked, bodies = requests_for(model, run.name, dk.load_typed_decisions("test"), max(32, max(args.sweep)))
     facts = compute_facts(model)
     sweep = batch_sweep(model, asked, args.sweep)
     print(sweep.round(2).to_string(), flush=True)
     del model
     gc.collect()  # the servers load their own copy
 
-    def requests(n: int) -> int:
-        return max(args.min_requests, args.rounds * n)
-
     if args.ray:
-        load = ray_levels(run, bodies, args.clients, requests, args.seconds)
+        load = ray_levels(run, bodies, args.clients, args.rounds, args.min_requests, args.seconds)
     else:
         # 2 x 64 in flight: the 64-client level must queue, not be refused
-        load = compare_batching([run], bodies, args.clients, (16, 1), requests, args.seconds,
+        load = compare_batching([run], bodies, args.clients, (16, 1), args.rounds, args.min_requests, args.seconds,
                                 Limits(max_in_flight=128), log=out / "serve.log")
     table = load.table()
     print(table.round(1).to_string(), flush=True)

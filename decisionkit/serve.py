@@ -396,6 +396,14 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
             **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
 
 
+def requests_for(model, name: str, cases, count: int) -> tuple[list[dict], list[bytes]]:
+    """The first ``count`` of ``cases`` short enough for ``model`` (a longer state is refused, not answered), as
+    ``decide_many`` requests and as System One request bodies for the model served as ``name``."""
+    fits = [c for c in cases if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:count]
+    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}} for c in fits]
+    return asked, [json.dumps({"model": name, **a}).encode() for a in asked]
+
+
 @dataclass
 class LoadComparison:
     """Load tests of one server setting per row: batching (max batch size) x concurrent clients."""
@@ -418,12 +426,12 @@ class LoadComparison:
 
 
 def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], clients: Sequence[int] = (1, 4, 16, 64),
-                     batch_sizes: Sequence[int] = (16, 1), requests: Callable[[int], int] = lambda n: max(24, 2 * n),
+                     batch_sizes: Sequence[int] = (16, 1), rounds: int = 2, min_requests: int = 24,
                      seconds: float = 300.0, limits: Limits = Limits(), log: str | Path | None = None
                      ) -> LoadComparison:
-    """For each max batch size (1: no batching), launch the server and load-test it at each number of clients,
-    ``requests(clients)`` requests per level (at most ``seconds``). Each row records the load average, since other
-    work on the machine slows the model too."""
+    """For each max batch size (1: no batching), launch the server and load-test it at each number of clients n:
+    ``max(min_requests, rounds * n)`` requests per level, in at most ``seconds``. Each row records the load
+    average, since other work on the machine slows the model too."""
     from .latency import hardware
 
     rows = []
@@ -432,7 +440,7 @@ def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], client
             url = f"{server.url}{ENDPOINT}"
             load_test(url, bodies, concurrency=2, seconds=seconds, max_requests=4)  # warm-up, not counted
             for n in clients:
-                result = load_test(url, bodies, concurrency=n, seconds=seconds, max_requests=requests(n))
+                result = load_test(url, bodies, n, seconds, max_requests=max(min_requests, rounds * n))
                 rows.append({"max batch": size, **result, "load average": round(os.getloadavg()[0], 2)})
     return LoadComparison(rows, hardware())
 
