@@ -18,6 +18,8 @@ import os
 import time
 from pathlib import Path
 
+import pandas as pd
+
 import decisionkit as dk
 from decisionkit.latency import hardware
 from decisionkit.serve import (ENDPOINT, Batching, Limits, LoadComparison, batch_sweep, compare_batching,
@@ -57,16 +59,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="requests per level: this many per client ...")
     parser.add_argument("--min-requests", type=int, default=24, help="... and at least this many")
     parser.add_argument("--seconds", type=float, default=300, help="time limit per level")
-    parser.add_argument("--sweep", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="batch sizes to time")
+    parser.add_argument("--sweep", type=int, nargs="*", default=[1, 2, 4, 8, 16, 32],
+                        help="batch sizes to time (none: skip the sweep)")
     parser.add_argument("--ray", action="store_true", help="load-test the Ray Serve deployment instead")
     args = parser.parse_args()
     run, out = Path(args.model), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     model = dk.load(run)
-    asked, bodies = requests_for(model, run.name, dk.load_typed_decisions("test"), max(32, max(args.sweep)))
+    asked, bodies = requests_for(model, run.name, dk.load_typed_decisions("test"), max([32, *args.sweep]))
     facts = compute_facts(model)
-    sweep = batch_sweep(model, asked, args.sweep)
+    sweep = batch_sweep(model, asked, args.sweep) if args.sweep else pd.DataFrame(index=pd.Index([], name="batch size"))
     print(sweep.round(2).to_string(), flush=True)
     del model
     gc.collect()  # the servers load their own copy
