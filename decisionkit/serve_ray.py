@@ -12,8 +12,6 @@ deployment's ``max_ongoing_requests`` / ``max_queued_requests`` bound the load i
 ``benchmarks/load_serve.py --ray`` measures it on a local Ray instance.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import os
