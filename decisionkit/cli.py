@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from . import __version__, settings
@@ -117,24 +118,29 @@ def cmd_pooling(args) -> int:
 
 
 def cmd_decide(args) -> int:
-    from .serve import respond
+    from pydantic import ValidationError
 
-    status, payload = respond(load(args.run), sys.stdin.buffer.read())
-    print(json.dumps(payload, indent=2, ensure_ascii=False))
-    return 0 if status == 200 else 2
+    from .systemone import Refusal, SystemOneRequest, prepare, respond
+
+    models = {Path(args.run).name: load(args.run)}
+    try:
+        request = SystemOneRequest.model_validate_json(sys.stdin.buffer.read())
+    except ValidationError as err:
+        output: dict | Refusal = Refusal([{**e, "loc": ["body", *e["loc"]]} for e in err.errors(include_url=False)])
+    else:
+        [output] = respond(models, [prepare(models, request)])
+    refused = isinstance(output, Refusal)
+    print(json.dumps({"detail": output.detail} if refused else output, indent=2, ensure_ascii=False, default=str))
+    return 2 if refused else 0
 
 
 def cmd_serve(args) -> int:
-    from .serve import ENDPOINT, make_server
+    from .serve import Batching, Limits, serve
 
-    server = make_server(load(args.run), args.host, args.port)
-    print(f"serving {args.run} on http://{args.host}:{server.server_port}{ENDPOINT} (GET /health); Ctrl-C stops")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    limits = Limits(**{name: getattr(args, name) for name in asdict(Limits())})
+    print(f"serving {', '.join(args.runs)} on http://{args.host}:{args.port} (POST /v1/systemone, GET /v1/models, "
+          f"GET /health, docs at /docs); Ctrl-C stops", flush=True)
+    serve(args.runs, args.host, args.port, Batching(args.max_batch_size, args.batch_timeout), limits)
     return 0
 
 
@@ -174,10 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("run", help="folder of a saved model")
     sub.set_defaults(handler=cmd_decide)
 
-    sub = commands.add_parser("serve", help="serve a saved model over HTTP: POST /v1/systemone, GET /health")
-    sub.add_argument("run", help="folder of a saved model")
+    sub = commands.add_parser("serve", help="serve saved models over HTTP: POST /v1/systemone, GET /v1/models, "
+                                            "GET /health")
+    sub.add_argument("runs", nargs="+", help="folders of saved models; each is served under its folder's name")
     sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sub.add_argument("--port", type=int, default=8000)
+    from .serve import Batching, Limits
+
+    batching, limits = Batching(), Limits()
+    sub.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
+                     help="requests per forward pass (1: no batching)")
+    sub.add_argument("--batch-timeout", type=float, default=batching.timeout,
+                     help="seconds to wait for a batch to fill")
+    for name, value in asdict(limits).items():
+        sub.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
+                         help=f"see decisionkit.serve.Limits (default {value})")
     sub.set_defaults(handler=cmd_serve)
 
     sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")

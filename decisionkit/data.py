@@ -68,16 +68,16 @@ class Question:
         if qtype == "noul":
             if criteria is None:
                 descriptions = ("", "")
-            elif isinstance(criteria, dict) and set(criteria) == set(NOUL_OPTIONS):
-                descriptions = tuple(str(criteria[k]) for k in NOUL_OPTIONS)
+            elif isinstance(criteria, dict) and set(criteria) <= set(NOUL_OPTIONS):
+                descriptions = tuple(_text(criteria.get(k)) for k in NOUL_OPTIONS)
             else:
-                raise DataError(f"{where}: field '{name}' of a noul question must have exactly the keys false, true")
+                raise DataError(f"{where}: field '{name}' of a noul question may only have the keys false, true")
             options = NOUL_OPTIONS
         elif qtype == "choice":
             if not isinstance(criteria, dict) or len(criteria) < 2:
                 raise DataError(f"{where}: field '{name}' of a choice question must map two or more option names to descriptions")
             options = tuple(criteria)
-            descriptions = tuple(str(v) for v in criteria.values())
+            descriptions = tuple(_text(v) for v in criteria.values())
         else:
             if not isinstance(criteria, list) or len(criteria) < 2:
                 raise DataError(
@@ -85,7 +85,7 @@ class Question:
                     f"(two or more); got {criteria!r}"
                 )
             options = tuple(str(i) for i in range(len(criteria)))
-            descriptions = tuple(str(v) for v in criteria)
+            descriptions = tuple(_text(v) for v in criteria)
         return cls(qid, qtype, str(obj.get("instructions", "")), options, descriptions)
 
     def to_json(self) -> dict:
@@ -100,6 +100,11 @@ class Question:
         if criteria is not None:
             out["criteria"] = criteria
         return out
+
+
+def _text(description: Any) -> str:
+    """A criterion's description as text; a choice named without one has an empty description."""
+    return "" if description is None else str(description)
 
 
 def probability_vector(question: Question, probs: dict, where: str, field: str) -> np.ndarray:

@@ -1,12 +1,15 @@
 """The decision model: backbone + pooling + one head per question, answering every question in one pass.
 
-``model.decide(state, questions=None)`` returns answers in the System One shape:
+``model.decide(state, questions=None)`` returns answers in the System One shape (``systemone.py`` checks the
+questions and formats the answers):
 
 - noul:   ``{"type": "noul", "noul": P(true)}``
 - choice: ``{"type": "choice", "choice": top, "confidence": P(top), "probabilities": {option: p}}``
-- score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "probabilities": {"0": p}}``
+- score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "legend": {"0": criterion},
+  "probabilities": {"0": p}}``
 
 ``model.route(state)`` adds a verdict ("answer" or "human") from the anomaly threshold saved with the model.
+``model.decide_many(requests)`` answers many requests with one padded forward pass per batch of similar lengths.
 
 ``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
 feature settings, question schemas, temperatures, routing threshold), ``heads.safetensors`` (with the anomaly
@@ -30,22 +33,19 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import __version__
+from . import __version__, systemone
 from .backbone import Backbone, LoraSettings, add_lora, load_backbone, weights_sha256
 from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
 from .features import default_layers, extract_features, hidden_states, tokenize
 from .heads import HeadSet, predict
 from .pooling import pool
+from .systemone import QuestionError, answer  # noqa: F401 (QuestionError is part of this module's interface)
 
 CONFIG_FILE = "decisionkit.json"
 HEADS_FILE = "heads.safetensors"
 ADAPTER_DIR = "adapter"
 BACKBONE_DIR = "backbone"  # a fully fine-tuned backbone, saved whole
 FORMAT_VERSION = 1  # bump when the saved layout changes
-
-
-class QuestionError(ValueError):
-    """A question the model cannot answer as asked: unknown, or different from the trained head."""
 
 
 @dataclass(frozen=True)
@@ -167,52 +167,19 @@ class DecisionModel(nn.Module):
         return [{qid: self.answer_confidence(q.type, predicted[qid]) for qid, q in case.questions.items()
                  if q.type != "noul"} for case, predicted in zip(cases, predictions)]
 
-    def workflow_for(self, questions: dict | None, workflow: str | None) -> str:
-        """The workflow a request is about: the one named, the only one trained, or the only one asking all of
-        ``questions``; otherwise a QuestionError says which to name."""
-        if workflow is not None:
-            if workflow not in self.schema:
-                raise QuestionError(f"workflow {workflow!r} has no trained heads; expected one of {sorted(self.schema)}")
-            return workflow
-        if len(self.schema) == 1:
-            return next(iter(self.schema))
-        if questions:
-            fits = [wf for wf, qs in self.schema.items() if set(questions) <= set(qs)]
-            if len(fits) == 1:
-                return fits[0]
-            if not fits:
-                raise QuestionError(f"no trained workflow asks all of {sorted(questions)}; pass workflow= one of "
-                                    f"{sorted(self.schema)}")
-        raise QuestionError(f"this model answers several workflows; pass workflow= one of {sorted(self.schema)}")
-
-    def _check_questions(self, workflow: str, questions: dict | None) -> list[str]:
-        trained = self.schema[workflow]
-        if questions is None:
-            return list(trained)
-        for name, asked in questions.items():
-            if name not in trained:
-                raise QuestionError(f"question {name!r}: no trained head in workflow {workflow!r}; trained questions "
-                                    f"are {list(trained)}")
-            expected = trained[name]
-            got = Question.from_json(name, asked, "request")
-            if got.type != expected.type:
-                raise QuestionError(f"question {name!r}: type {got.type!r} differs from the trained head's "
-                                    f"{expected.type!r}")
-            if got.options != expected.options:
-                raise QuestionError(f"question {name!r}: options {list(got.options)} differ from the trained head's "
-                                    f"{list(expected.options)}")
-        return list(questions)
+    def _answers(self, features: torch.Tensor, workflow: str, questions: dict[str, Question]) -> dict[str, dict]:
+        """System One answers to ``questions`` from one row of features."""
+        probs = self.heads.probabilities(features, workflow, list(questions), self.temperatures)
+        out = {}
+        for qid, q in questions.items():
+            p = probs[qid][0].cpu().numpy()
+            out[qid] = answer(q, p, self.answer_confidence(q.type, p))
+        return out
 
     def _read(self, state: Any, questions: dict | None, workflow: str | None):
-        workflow = self.workflow_for(questions, workflow)
-        qids = self._check_questions(workflow, questions)
+        workflow, asked = systemone.check(self.schema, questions, workflow)
         features = self([render_state(state, workflow)])
-        probs = {qid: p[0].cpu().numpy() for qid, p in
-                 self.heads.probabilities(features, workflow, qids, self.temperatures).items()}
-        questions = self.schema[workflow]
-        answers = {qid: answer(questions[qid], probs[qid], self.answer_confidence(questions[qid].type, probs[qid]))
-                   for qid in qids}
-        return workflow, features, answers
+        return workflow, features, self._answers(features, workflow, asked)
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
@@ -223,12 +190,39 @@ class DecisionModel(nn.Module):
     def route(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict:
         """``decide`` plus a routing verdict: ``{"answers", "verdict": "answer" | "human", "reason", "scores"}``.
         The scores cover every trained question of the workflow, as when the threshold was set."""
+        self._require_router()
+        return self._routed(*self._read(state, questions, workflow))
+
+    def _require_router(self) -> None:
         if self.router is None:
             raise ValueError("this model has no anomaly threshold; fit one with "
                              "decisionkit.anomaly.fit_router(model, train, validation) and save the model")
-        workflow, features, answers = self._read(state, questions, workflow)
+
+    def _routed(self, workflow: str, features: torch.Tensor, answers: dict) -> dict:
         scores = self.router.scores(self, features, [workflow]).iloc[0].to_dict()
         return {"answers": answers, **self.router.verdict(scores), "scores": {k: float(v) for k, v in scores.items()}}
+
+    @torch.inference_mode()
+    def decide_many(self, requests: Sequence[dict], batch_size: int = 16, route: bool = False) -> list[dict]:
+        """``decide`` for many requests (each ``{"state", "questions"?, "workflow"?}``), or ``route`` with
+        ``route=True``: states of similar length share one padded forward pass, ``batch_size`` at a time. Each
+        answer equals ``decide``'s for the same request up to float rounding (padding changes the sums' order)."""
+        if route:
+            self._require_router()
+        checked = [systemone.check(self.schema, r.get("questions"), r.get("workflow")) for r in requests]
+        texts = [render_state(r["state"], workflow) for r, (workflow, _) in zip(requests, checked)]
+        order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
+        features: list[torch.Tensor | None] = [None] * len(texts)
+        for lo in range(0, len(texts), batch_size):
+            rows = order[lo:lo + batch_size]
+            batch = self([texts[i] for i in rows])
+            for j, i in enumerate(rows):
+                features[i] = batch[j:j + 1]
+        results = []
+        for (workflow, asked), row in zip(checked, features):
+            answers = self._answers(row, workflow, asked)
+            results.append(self._routed(workflow, row, answers) if route else answers)
+        return results
 
     # ----- saving ---------------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -293,21 +287,6 @@ class DecisionModel(nn.Module):
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.encoder, load_file(str(adapter)))
-
-
-def answer(question: Question, probs: np.ndarray, confidence: float | None = None) -> dict:
-    """One System One answer from a probability vector in option order; ``confidence`` (choice and score) defaults
-    to the top probability."""
-    probs = probs.astype(float)
-    top = int(np.argmax(probs))
-    confidence = float(probs[top]) if confidence is None else float(confidence)
-    table = {option: float(p) for option, p in zip(question.options, probs)}
-    if question.type == "noul":
-        return {"type": "noul", "noul": table["true"]}
-    if question.type == "choice":
-        return {"type": "choice", "choice": question.options[top], "confidence": confidence, "probabilities": table}
-    return {"type": "score", "score": float(np.dot(np.arange(len(probs)), probs)), "confidence": confidence,
-            "probabilities": table}
 
 
 def load(path: str | Path, backbone: str | Path | None = None, device: str | None = None) -> DecisionModel:

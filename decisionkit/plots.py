@@ -132,3 +132,21 @@ def scaling_lines(scalings, title: str = "Cost of one more question") -> go.Figu
         fig.add_scatter(x=s.counts, y=s.ms, mode="lines+markers", name=f"{s.name}: {s.slope_ms:.3g} ms per question")
     return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="questions about one input",
                              yaxis_title="milliseconds (median)", xaxis_type="log", yaxis_type="log")
+
+
+def load_curves(table) -> go.Figure:
+    """Requests per second and p99 latency against concurrent clients, one line per max batch size."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput", "p99 latency"))
+    for size, group in table.groupby(level="max batch"):
+        name = "one request per forward" if size == 1 else f"batched (up to {size})"
+        clients = group.index.get_level_values("clients")
+        fig.add_scatter(x=clients, y=group["requests/s"], mode="lines+markers", name=name, legendgroup=name,
+                        row=1, col=1)
+        fig.add_scatter(x=clients, y=group["p99 ms"] / 1e3, mode="lines+markers", name=name, legendgroup=name,
+                        showlegend=False, row=1, col=2)
+    fig.update_xaxes(type="log", title_text="concurrent clients")
+    fig.update_yaxes(title_text="requests / s", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", row=1, col=2)
+    return fig.update_layout(template=TEMPLATE, title="Serving on loopback: batching on and off")

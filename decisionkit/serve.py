@@ -1,149 +1,378 @@
-"""Serving a trained model with the System One API: ``POST /v1/systemone`` and ``GET /health``.
+"""Serving saved decision models over HTTP with the System One API (the contract is in ``systemone.py``).
 
-The request body is ``{"state": ..., "questions": {name: {"type", "instructions", "criteria"}}}`` (``questions``
-may be left out: every trained question is answered; ``workflow`` may name the workflow when the questions do
-not). The response is ``{"answers": {name: answer}}`` in the System One shape (see ``model.py``), plus the
-routing verdict and anomaly scores when the model carries a threshold.
+- ``POST /v1/systemone``  answers a System One request (``typesafe-sdk`` clients work with ``base_url=``)
+- ``GET /v1/models``      the models served, by name (a run folder's name)
+- ``GET /health``         status, and each model's workflows, questions and token limit
+- ``GET /docs``           the OpenAPI page, with every request and response schema
 
-``respond(model, body)`` does the work for both the HTTP server and ``decisionkit decide RUN < request.json``;
-every refusal is a 4xx with a message naming the field. The server binds to 127.0.0.1 unless told otherwise,
-reads at most ``MAX_BODY_BYTES`` per request, and answers one request at a time per model (two CPU cores gain
-nothing from more).
+The app is FastAPI on uvicorn, and LitServe batches it: requests that arrive within ``batch_timeout`` seconds
+of each other share one padded forward pass (``DecisionModel.decide_many``), up to ``max_batch_size``. LitServe
+runs the models in an inference worker process and the HTTP side (routes, request checks, limits) in another.
+
+Every answer is JSON, errors included: 422 with ``{"detail": [{"loc", "msg", "type", "input"}]}`` for a request
+the contract or the model refuses; 400 for malformed HTTP (a Content-Length of -5, say); 404, 405; 408 when a
+body does not arrive within ``read_timeout`` seconds; 413 past ``max_body_bytes``; 415 for a Content-Encoding
+other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are waiting; 504 when the model did not
+answer within ``request_timeout``; 500 for a bug. The server binds to 127.0.0.1 unless told otherwise.
+
+``launch(runs)`` starts ``decisionkit serve`` in a child process and waits until it answers (notebooks, tests,
+benchmarks); ``load_test`` measures it. ``serve_ray.py`` deploys the same app on Ray Serve.
 """
 
-from __future__ import annotations
-
+import datetime
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import Callable, Sequence
 
+import anyio
+import h11
+import litserve as ls
 import numpy as np
+import pandas as pd
+import pydantic_core
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .data import DataError, render_state
-from .model import QuestionError
+from . import systemone
+from .model import CONFIG_FILE, load
+from .systemone import ModelMetadata, ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
 
-MAX_BODY_BYTES = 256 * 1024  # a typed-decisions state is a few KB; anything near this is a mistake or an attack
+try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
+    from compression import zstd
+except ImportError:
+    from backports import zstd
+
 ENDPOINT = "/v1/systemone"
 
 
-class RequestError(ValueError):
-    """A request the model cannot answer; ``status`` is the HTTP status to send."""
+@dataclass(frozen=True)
+class Limits:
+    """What one request may cost the server."""
 
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST):
-        super().__init__(message)
-        self.status = status
+    max_body_bytes: int = 256 * 1024  # a typed-decisions state is a few KB; anything near this is a mistake
+    read_timeout: float = 10.0  # seconds for a body to arrive: a slow or short body must not hold the server
+    max_in_flight: int = 64  # requests to the model at once; more are told to retry (503 + Retry-After)
+    retry_after: int = 2  # seconds, in that 503's Retry-After header
+    request_timeout: float = 120.0  # seconds a request may wait for the model (LitServe answers 504 past it)
 
 
-def parse_request(body: bytes) -> dict:
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}",
-                           HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+@dataclass(frozen=True)
+class Batching:
+    """LitServe's dynamic batching: requests arriving within ``timeout`` seconds share one forward pass."""
+
+    max_batch_size: int = 16  # 1 turns batching off: one request per forward pass
+    timeout: float = 0.01
+
+
+# ----- what is served -----------------------------------------------------------------------------------------------
+def catalog(runs: Sequence[str | Path]) -> dict[str, Path]:
+    """Model name (the run folder's name) -> folder, for the saved models to serve."""
+    named: dict[str, Path] = {}
+    for run in map(Path, runs):
+        if not (run / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{run / CONFIG_FILE} not found: {run} is not a saved decision model")
+        if run.name in named:
+            raise ValueError(f"two models are named {run.name!r} ({named[run.name]} and {run}); rename one folder")
+        named[run.name] = run
+    return named
+
+
+def _config(run: Path) -> dict:
+    return json.loads((run / CONFIG_FILE).read_text())
+
+
+def model_list(models: dict[str, Path]) -> ModelMetadataList:
+    """``GET /v1/models``: name, what each model answers, and the day it was saved (read from the saved configs)."""
+    entries = []
+    for name, run in models.items():
+        config = _config(run)
+        schema = config["schema"]
+        questions = sum(len(qs) for qs in schema.values())
+        saved = datetime.date.fromtimestamp((run / CONFIG_FILE).stat().st_mtime).isoformat()
+        entries.append(ModelMetadata(name=name, release_date=saved, description=(
+            f"decision model on {config['backbone']['name']}: {questions} questions in {len(schema)} workflow(s) "
+            f"({', '.join(schema)}); reads at most {config['features']['max_length']} tokens")))
+    return ModelMetadataList(models=entries)
+
+
+def health(models: dict[str, Path]) -> dict:
+    """``GET /health``: status, and each model's backbone, workflows with their questions, token limit, routing."""
+    described = {}
+    for name, run in models.items():
+        config = _config(run)
+        described[name] = {"backbone": config["backbone"]["name"], "workflows": config["schema"],
+                           "max_tokens": config["features"]["max_length"], "routing": config.get("router") is not None}
+    return {"status": "ok", "models": described}
+
+
+# ----- reading requests -------------------------------------------------------------------------------------------
+class ContractRequest(Request):
+    """A request whose body is read within the limits (size, time), decoded when zstd-compressed, and parsed as
+    strict JSON: NaN and Infinity are refused, nesting is bounded (pydantic-core's parser stops at 200 levels)."""
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            limits: Limits = self.app.state.limits
+            declared = self.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limits.max_body_bytes:
+                raise _too_large(int(declared), limits)
+            chunks, size = [], 0
+            try:
+                with anyio.fail_after(limits.read_timeout):
+                    async for chunk in self.stream():
+                        size += len(chunk)
+                        if size > limits.max_body_bytes:
+                            raise _too_large(size, limits)
+                        chunks.append(chunk)
+            except TimeoutError:
+                raise HTTPException(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
+                                    f"{limits.read_timeout:g} s ({size} of {declared or '?'} bytes came)") from None
+            self._body = _decoded(b"".join(chunks), self.headers.get("content-encoding", "identity"), limits)
+        return self._body
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = pydantic_core.from_json(body, allow_inf_nan=False)
+            except ValueError as err:  # FastAPI turns this exception into a 422 "json_invalid"
+                raise json.JSONDecodeError(str(err), body.decode("utf-8", "replace"), 0) from None
+        return self._json
+
+
+def _too_large(size: int, limits: Limits) -> HTTPException:
+    return HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                         f"request body is {size} bytes; the limit is {limits.max_body_bytes}")
+
+
+def _decoded(body: bytes, encoding: str, limits: Limits) -> bytes:
+    if encoding == "identity":
+        return body
+    if encoding != "zstd":
+        raise HTTPException(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                            f"Content-Encoding {encoding!r} is not supported; send the body as is or as zstd")
+    decompressor = zstd.ZstdDecompressor()
     try:
-        request = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RequestError(f"request body is not valid JSON ({err})") from None
-    if not isinstance(request, dict):
-        raise RequestError("request body must be a JSON object with 'state' and 'questions'")
-    if "state" not in request:
-        raise RequestError("field 'state' is missing")
-    questions = request.get("questions")
-    if questions is not None and (not isinstance(questions, dict) or not questions):
-        raise RequestError("field 'questions' must be a non-empty object of question name -> question")
-    unknown = sorted(set(request) - {"state", "questions", "workflow"})
-    if unknown:
-        raise RequestError(f"fields {unknown} are not part of the request; expected state, questions, workflow")
-    return request
+        data = decompressor.decompress(body, max_length=limits.max_body_bytes + 1)
+    except zstd.ZstdError as err:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"the zstd body does not decode ({err})") from None
+    if len(data) > limits.max_body_bytes:
+        raise _too_large(len(data), limits)
+    if not decompressor.eof:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "the zstd body is truncated")
+    return data
 
 
-def respond(model, body: bytes, lock: threading.Lock | None = None) -> tuple[int, dict]:
-    """(HTTP status, JSON payload) for one System One request body."""
-    try:
-        request = parse_request(body)
-        state, questions, workflow = request["state"], request.get("questions"), request.get("workflow")
-        workflow = model.workflow_for(questions, workflow)
-        tokens = len(model.backbone.tokenizer(render_state(state, workflow))["input_ids"])
-        if tokens > model.spec.max_length:
-            raise RequestError(f"field 'state' is {tokens} tokens once rendered; the model reads at most "
-                               f"{model.spec.max_length}")
-        with lock or nullcontext():
-            if model.router is not None:
-                routed = model.route(state, questions, workflow)
-                return HTTPStatus.OK, {"answers": routed["answers"], "routing": {
-                    k: routed[k] for k in ("verdict", "reason", "scores")}}
-            return HTTPStatus.OK, {"answers": model.decide(state, questions, workflow)}
-    except RequestError as err:
-        return err.status, {"error": str(err)}
-    except (QuestionError, DataError) as err:
-        return HTTPStatus.UNPROCESSABLE_ENTITY, {"error": str(err)}
+class ContractRoute(APIRoute):
+    """FastAPI's custom route class: every route reads its request as a ContractRequest."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def contract_handler(request: Request):
+            return await handler(ContractRequest(request.scope, request.receive))
+
+        return contract_handler
 
 
-def health(model) -> dict:
-    return {"status": "ok", "backbone": model.backbone.name, "workflows": {
-        w: {q: question.to_json() for q, question in qs.items()} for w, qs in model.schema.items()},
-        "max_tokens": model.spec.max_length, "routing": model.router is not None}
+class InFlightLimit:
+    """ASGI middleware: once ``limit`` requests to the model are in flight, answer 503 with Retry-After instead of
+    queueing without end (a client may retry; the SDK does by itself)."""
+
+    def __init__(self, app, limit: int, retry_after: int):
+        self.app, self.limit, self.retry_after, self.active = app, limit, retry_after, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != ENDPOINT:
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            busy = JSONResponse({"detail": f"{self.active} requests are in flight, the most this server takes; retry "
+                                           f"in {self.retry_after} s"}, HTTPStatus.SERVICE_UNAVAILABLE,
+                                headers={"Retry-After": str(self.retry_after)})
+            return await busy(scope, receive, send)
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
 
 
-class Server(ThreadingHTTPServer):
-    request_queue_size = 64  # the default 5 refuses connections as soon as a few clients wait on the model
-    daemon_threads = True
+class JSONErrorsProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, whose 400 for a request it cannot parse is JSON like every other answer."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"detail": f"{msg} Check the request line, the headers and Content-Length."}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
 
-def make_server(model, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server for ``model`` (not started: call ``serve_forever()``, or run it in a thread)."""
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:  # noqa: N802 (the http.server naming)
-            if self.path == "/health":
-                self._send(HTTPStatus.OK, health(model))
-            else:
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}; try POST {ENDPOINT} or GET /health"})
-
-        def do_POST(self) -> None:  # noqa: N802
-            if self.path != ENDPOINT:
-                self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}; POST to {ENDPOINT}"})
-                return
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           {"error": f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}"})
-                return
-            self._send(*respond(model, self.rfile.read(length), lock))
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet: notebooks and tests read the payloads
-            pass
-
-    return Server((host, port), Handler)
+async def _internal_error(request: Request, err: Exception) -> JSONResponse:
+    return JSONResponse({"detail": f"internal error ({type(err).__name__}); the server log has the traceback"},
+                        HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def load_test(url: str, body: bytes, concurrency: int, seconds: float) -> dict[str, float]:
-    """``concurrency`` clients posting ``body`` to ``url`` back to back for ``seconds``: requests per second,
-    latency percentiles and how many requests failed (a non-200 answer or a broken connection)."""
+def install(app: FastAPI, models: dict[str, Path], limits: Limits) -> None:
+    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, strict request
+    reading, JSON for unexpected errors. ``POST /v1/systemone`` is added by the deployment (it owns the batching)."""
+    app.state.limits = limits
+    app.router.route_class = ContractRoute
+    app.add_exception_handler(Exception, _internal_error)
+
+    @app.get("/v1/models", response_model=ModelMetadataList)
+    def list_models() -> ModelMetadataList:
+        return model_list(models)
+
+    @app.get("/health")
+    def status() -> dict:
+        return health(models)
+
+
+# ----- the model side -------------------------------------------------------------------------------------------------
+class SystemOneAPI(ls.LitAPI):
+    """LitServe's model side, in the inference worker: each request is checked against its model on its own, then
+    every request of a batch is answered by one ``decide_many`` per model. (LitServe reads the request model from
+    ``decode_request``'s annotation, so this module does not postpone annotations.)"""
+
+    def __init__(self, models: dict[str, Path], batching: Batching = Batching()):
+        super().__init__(max_batch_size=batching.max_batch_size, batch_timeout=batching.timeout, api_path=ENDPOINT)
+        self.runs = models
+
+    def setup(self, device: str) -> None:
+        self.models = {name: load(run, device=device.split(":")[0]) for name, run in self.runs.items()}
+
+    def decode_request(self, request: SystemOneRequest) -> Prepared | Refusal:
+        return systemone.prepare(self.models, request)  # never raises: one refusal must not fail its batch
+
+    def predict(self, prepared: list[Prepared | Refusal] | Prepared | Refusal):
+        if isinstance(prepared, list):  # batching on
+            return systemone.respond(self.models, prepared)
+        return systemone.respond(self.models, [prepared])[0]
+
+    def encode_response(self, output: dict | Refusal) -> SystemOneResponse:
+        return refusal_response(output) if isinstance(output, Refusal) else output
+
+
+def refusal_response(refusal: Refusal) -> JSONResponse:
+    return JSONResponse({"detail": refusal.detail}, HTTPStatus.UNPROCESSABLE_ENTITY)
+
+
+class SystemOneServer(ls.LitServer):
+    """LitServe's server for ``SystemOneAPI``, with the shared routes and limits installed on its FastAPI app."""
+
+    def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits()):
+        self.served, self.limits = models, limits
+        super().__init__(SystemOneAPI(models, batching), accelerator="auto", devices=1, timeout=limits.request_timeout,
+                         healthcheck_path="/litserve/health",  # LitServe's readiness probe; /health is ours
+                         middlewares=[(InFlightLimit, {"limit": limits.max_in_flight,
+                                                       "retry_after": limits.retry_after})])
+
+    def register_endpoints(self) -> None:
+        install(self.app, self.served, self.limits)  # before LitServe adds its routes, so they read strictly too
+        super().register_endpoints()
+
+
+def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000, batching: Batching = Batching(),
+          limits: Limits = Limits(), log_level: str = "warning") -> None:
+    """Serve the saved models in ``runs`` until interrupted (``decisionkit serve`` calls this)."""
+    server = SystemOneServer(catalog(runs), batching, limits)
+    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, http=JSONErrorsProtocol,
+               timeout_keep_alive=5)
+
+
+# ----- running it from Python -------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Launched:
+    """A ``decisionkit serve`` child process; ``stop()`` ends it and the processes LitServe started."""
+
+    process: subprocess.Popen
+    url: str
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+    def __enter__(self) -> "Launched":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batching = Batching(),
+           limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None) -> Launched:
+    """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group) and return once
+    ``GET /health`` answers; ``log`` receives its output (default: discarded)."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "decisionkit", "serve", *map(str, runs), "--port", str(port),
+               "--max-batch-size", str(batching.max_batch_size), "--batch-timeout", str(batching.timeout),
+               *(arg for name, value in asdict(limits).items() for arg in (f"--{name.replace('_', '-')}", str(value)))]
+    output = open(log, "ab") if log else subprocess.DEVNULL
+    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    launched = Launched(process, f"http://127.0.0.1:{port}")
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"decisionkit serve exited with status {process.returncode} before answering"
+                               + (f"; see {log}" if log else "; pass log= to see why"))
+        try:
+            with urllib.request.urlopen(f"{launched.url}/health", timeout=5) as response:
+                if response.status == HTTPStatus.OK:
+                    return launched
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    launched.stop()
+    raise TimeoutError(f"decisionkit serve did not answer on {launched.url} within {startup_timeout:g} s")
+
+
+def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: float,
+              max_requests: int | None = None) -> dict[str, float]:
+    """``concurrency`` clients posting ``bodies`` (in turn) to ``url`` back to back, for at most ``seconds`` and
+    ``max_requests`` requests in all: requests per second, latency percentiles, and how many were lost (an answer
+    other than 200, or a broken connection)."""
     latencies: list[float] = []
-    failures = [0]
+    lost = [0]
+    sent = iter(range(max_requests or sys.maxsize))
     guard = threading.Lock()
     deadline = time.perf_counter() + seconds
 
     def client() -> None:
         while time.perf_counter() < deadline:
-            request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            with guard:
+                n = next(sent, None)
+            if n is None:
+                return
+            request = urllib.request.Request(url, data=bodies[n % len(bodies)],
+                                             headers={"Content-Type": "application/json"})
             start = time.perf_counter()
             try:
-                with urllib.request.urlopen(request, timeout=120) as response:
+                with urllib.request.urlopen(request, timeout=300) as response:
                     ok = response.status == HTTPStatus.OK
                     response.read()
             except (urllib.error.URLError, OSError):
@@ -152,7 +381,7 @@ def load_test(url: str, body: bytes, concurrency: int, seconds: float) -> dict[s
                 if ok:
                     latencies.append((time.perf_counter() - start) * 1e3)
                 else:
-                    failures[0] += 1
+                    lost[0] += 1
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
@@ -162,6 +391,82 @@ def load_test(url: str, body: bytes, concurrency: int, seconds: float) -> dict[s
         t.join()
     elapsed = time.perf_counter() - started
     ms = np.asarray(latencies) if latencies else np.asarray([float("nan")])
-    return {"clients": concurrency, "requests": len(latencies), "failed": failures[0],
-            "requests/s": len(latencies) / elapsed, "p50 ms": float(np.percentile(ms, 50)),
-            "p99 ms": float(np.percentile(ms, 99))}
+    return {"clients": concurrency, "requests": len(latencies), "lost": lost[0],
+            "requests/s": len(latencies) / elapsed,
+            **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
+
+
+def requests_for(model, name: str, cases, count: int) -> tuple[list[dict], list[bytes]]:
+    """The first ``count`` of ``cases`` short enough for ``model`` (a longer state is refused, not answered), as
+    ``decide_many`` requests and as System One request bodies for the model served as ``name``."""
+    fits = [c for c in cases if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:count]
+    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}} for c in fits]
+    return asked, [json.dumps({"model": name, **a}).encode() for a in asked]
+
+
+@dataclass
+class LoadComparison:
+    """Load tests of one server setting per row: batching (max batch size) x concurrent clients."""
+
+    rows: list[dict]
+    hardware: dict
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows).set_index(["max batch", "clients"])
+
+    def speedup(self, clients: int) -> float:
+        """Requests per second with batching over one request per forward, at ``clients`` clients."""
+        rate = self.table()["requests/s"].xs(clients, level="clients")
+        return float(rate[rate.index > 1].max() / rate[1])
+
+    def figure(self):
+        from .plots import load_curves
+
+        return load_curves(self.table())
+
+
+def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], clients: Sequence[int] = (1, 4, 16, 64),
+                     batch_sizes: Sequence[int] = (16, 1), rounds: int = 2, min_requests: int = 24,
+                     seconds: float = 300.0, limits: Limits = Limits(), log: str | Path | None = None
+                     ) -> LoadComparison:
+    """For each max batch size (1: no batching), launch the server and load-test it at each number of clients n:
+    ``max(min_requests, rounds * n)`` requests per level, in at most ``seconds``. Each row records the load
+    average, since other work on the machine slows the model too."""
+    from .latency import hardware
+
+    rows = []
+    for size in batch_sizes:
+        with launch(runs, batching=Batching(size), limits=limits, log=log) as server:
+            url = f"{server.url}{ENDPOINT}"
+            load_test(url, bodies, concurrency=2, seconds=seconds, max_requests=4)  # warm-up, not counted
+            for n in clients:
+                result = load_test(url, bodies, n, seconds, max_requests=max(min_requests, rounds * n))
+                rows.append({"max batch": size, **result, "load average": round(os.getloadavg()[0], 2)})
+    return LoadComparison(rows, hardware())
+
+
+def compute_facts(model) -> dict:
+    """The model's compute dtype and device, and the CPU's bf16 support: timings depend on all three."""
+    import torch
+
+    return {"compute dtype": str(next(model.backbone.model.parameters()).dtype).replace("torch.", ""),
+            "device": model.backbone.device, "cpu capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu bf16 instructions": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+
+
+def batch_sweep(model, requests: Sequence[dict], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> pd.DataFrame:
+    """Milliseconds per request of ``model.decide_many`` by batch size, on the same requests (what a server's
+    batching can gain on this device, without HTTP)."""
+    from .latency import time_calls
+
+    model.decide_many(requests, batch_size=max(sizes))  # the first forward passes page the weights in
+    rows = []
+    for size in sizes:
+        chunks = [list(requests[i:i + size]) for i in range(0, len(requests) - size + 1, size)]
+        timing = time_calls(f"batch {size}", lambda chunk: model.decide_many(chunk, batch_size=size), chunks, warmup=1)
+        per_request = timing.median / size
+        rows.append({"batch size": size, "batches": len(chunks), "ms per request": per_request,
+                     "requests/s": 1e3 / per_request})
+    table = pd.DataFrame(rows).set_index("batch size")
+    table["speed-up"] = table["requests/s"] / table["requests/s"].iloc[0]
+    return table

@@ -105,3 +105,20 @@ def test_answer_shapes():
     assert out["score"] == pytest.approx(1.3) and out["confidence"] == pytest.approx(0.5)
     assert answer(Question("n", "noul", "", ("false", "true"), ("", "")), np.array([0.1, 0.9])) == {
         "type": "noul", "noul": pytest.approx(0.9)}
+
+
+def test_decide_many_equals_decide_per_request(model, splits):
+    cases = splits["validation"].head(2).cases  # 8 states of 4 workflows, of different lengths
+    requests = [{"state": c.state, "workflow": c.workflow} for c in cases]
+    requests[0] = {"state": cases[0].state, "questions": {q: x.to_json() for q, x in cases[0].questions.items()}}
+    many = model.decide_many(requests, batch_size=3)  # padded batches, mixed workflows
+    assert len(many) == len(requests)
+    for request, got in zip(requests, many):
+        one = model.decide(**request)
+        assert got.keys() == one.keys()
+        for qid, expected in one.items():
+            assert got[qid].keys() == expected.keys()
+            for key, value in expected.items():
+                assert got[qid][key] == (value if isinstance(value, str) else pytest.approx(value, abs=1e-4))
+    with pytest.raises(ValueError, match="no anomaly threshold"):
+        model.decide_many(requests[:1], route=True)

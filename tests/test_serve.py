@@ -1,106 +1,304 @@
+"""The server, called as its users call it: the official typesafe-sdk clients (sync and async), raw HTTP for what
+no client would send, and the ``decisionkit decide`` command. One server (LitServe, batching on) serves the
+session's quick model for the whole module; no assertion depends on timing."""
+
+import asyncio
+import http.client
 import io
 import json
-import re
-import threading
-import urllib.error
-import urllib.request
+import math
+import socket
+import time
 
+import anyio
+import httpx
+import psutil
 import pytest
+import typesafe_sdk as sdk
+from fastapi import FastAPI
 
-from decisionkit.cli import main
-from decisionkit.serve import MAX_BODY_BYTES, make_server, respond
+from decisionkit.cli import build_parser, main
+from decisionkit.serve import ENDPOINT, InFlightLimit, Limits, launch, load_test
+
+READ_TIMEOUT = 1.0  # seconds; short, so the slow-body cases end quickly
+SDK_TIMEOUT = 300.0  # seconds; the SDK's default 10 s is too short for a busy 2-core CI machine
 
 
 @pytest.fixture(scope="module")
-def case(splits):
-    return splits["validation"][0]
+def served(quick_model, tmp_path_factory):
+    path, model = quick_model
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with launch([path], limits=Limits(read_timeout=READ_TIMEOUT), log=log) as server:
+        yield server, path.name, model
 
 
-def body(**request) -> bytes:
-    return json.dumps(request).encode()
-
-
-def test_a_system_one_request_is_answered(quick_model, case):
+@pytest.fixture(scope="module")
+def cases(splits, quick_model):
+    """Four validation cases short enough for the quick model (it reads 128 tokens; longer states are refused)."""
     _, model = quick_model
-    questions = {q: question.to_json() for q, question in case.questions.items()}
-    status, payload = respond(model, body(state=case.state, questions=questions))
-    assert status == 200 and set(payload["answers"]) == set(case.questions)
-    noul = next(q for q, question in case.questions.items() if question.type == "noul")
-    assert set(payload["answers"][noul]) == {"type", "noul"}
+    fits = [c for c in splits["validation"] if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length]
+    return fits[:4]
 
 
-@pytest.mark.parametrize("make, status, message", [
-    (lambda c: b"{not json", 400, "not valid JSON"),
-    (lambda c: body(questions={}), 400, "field 'state' is missing"),
-    (lambda c: body(state=c.state, workflow=c.workflow, questions={"nope": {"type": "noul"}}), 422,
-     "question 'nope': no trained head"),
-    (lambda c: body(state=c.state, questions={"nope": {"type": "noul"}}), 422, "no trained workflow asks all of"),
-    (lambda c: body(state=c.state, workflow=c.workflow, extra=1), 400, r"fields \['extra'\] are not part"),
-    (lambda c: b" " * (MAX_BODY_BYTES + 1), 413, "the limit is"),
-])
-def test_refusals_name_the_field(quick_model, case, make, status, message):
-    _, model = quick_model
-    got, payload = respond(model, make(case))
-    assert got == status and re.search(message, payload["error"])
+def questions(case) -> dict:
+    return {q: x.to_json() for q, x in case.questions.items()}
 
 
-def test_wrong_type_and_options_are_refused(quick_model, case):
-    _, model = quick_model
-    choice = next(q for q, question in case.questions.items() if question.type == "choice")
-    asked = case.questions[choice].to_json()
-    status, payload = respond(model, body(state=case.state, workflow=case.workflow,
-                                          questions={choice: {"type": "noul", "instructions": "?"}}))
-    assert status == 422 and "type 'noul' differs" in payload["error"]
-    renamed = {**asked, "criteria": {f"x{k}": v for k, v in asked["criteria"].items()}}
-    status, payload = respond(model, body(state=case.state, workflow=case.workflow, questions={choice: renamed}))
-    assert status == 422 and "differ from the trained head" in payload["error"]
+def good_body(name, case) -> bytes:
+    return json.dumps({"model": name, "state": case.state, "questions": questions(case)}).encode()
 
 
-def test_an_oversized_state_states_the_limit(quick_model, case):
-    _, model = quick_model
-    status, payload = respond(model, body(state="word " * 2000, workflow=case.workflow))
-    assert status == 400 and f"at most {model.spec.max_length}" in payload["error"]
+def client(server, name) -> sdk.TypeSafeClient:
+    return sdk.TypeSafeClient(api_key="local", base_url=server.url, model=name, timeout=SDK_TIMEOUT,
+                              retry=sdk.RetryPolicy(max_retries=0))
 
 
-def test_http_server_on_loopback(quick_model, case):
-    _, model = quick_model
-    server = make_server(model, port=0)
-    assert server.server_address[0] == "127.0.0.1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{server.server_port}"
-    try:
-        health = json.load(urllib.request.urlopen(f"{base}/health", timeout=30))
-        assert health["status"] == "ok" and case.workflow in health["workflows"]
-        request = urllib.request.Request(f"{base}/v1/systemone", data=body(state=case.state, workflow=case.workflow),
-                                         headers={"Content-Type": "application/json"})
-        answers = json.load(urllib.request.urlopen(request, timeout=60))["answers"]
-        assert set(answers) == set(case.questions)
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(urllib.request.Request(f"{base}/v1/systemone", data=b"[]"), timeout=30)
-        assert refused.value.code == 400 and "JSON object" in json.load(refused.value)["error"]
-    finally:
-        server.shutdown()
-        server.server_close()
+def assert_matches(result: sdk.SystemOneResponse, local: dict) -> None:
+    """An SDK response (already validated by the SDK's own models) carries the answers decide() gives."""
+    assert set(result.answers) == set(local)
+    for qid, expected in local.items():
+        got = result.answers[qid]
+        assert got.type == expected["type"]
+        if got.type == "noul":
+            assert got.noul == pytest.approx(expected["noul"], abs=1e-4)
+            continue
+        assert got.confidence == pytest.approx(expected["confidence"], abs=1e-4)
+        assert {str(k): v for k, v in got.probabilities.items()} == pytest.approx(expected["probabilities"], abs=1e-4)
+        if got.type == "choice":
+            assert got.choice == expected["choice"]
+        else:
+            assert got.score == pytest.approx(expected["score"], abs=1e-4)
+            assert {str(k): v for k, v in got.legend.items()} == expected["legend"]
 
 
-def test_decide_command_reads_standard_input(quick_model, case, monkeypatch, capsys):
-    path, _ = quick_model
-    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(body(state=case.state, workflow=case.workflow))))
+def test_sdk_sync_client_answers_as_decide(served, cases):
+    server, name, model = served
+    with client(server, name) as sdk_client:
+        assert [m.name for m in sdk_client.models.list().models] == [name]
+        for case in cases:
+            asked = {q: getattr(sdk, x["type"].capitalize())(**x) for q, x in questions(case).items()}  # Noul(...)
+            result = sdk_client.system_one(state=case.state, questions=asked)
+            assert isinstance(result, sdk.SystemOneResponse) and result.model == name
+            assert result.usage.input_tokens > 0 and result.usage.output_tokens == 0
+            assert_matches(result, model.decide(case.state, questions(case)))
+    assert {x.type for c in cases for x in c.questions.values()} == {"noul", "choice", "score"}
+
+
+def test_sdk_async_client_concurrent_requests_share_batches_and_match(served, cases):
+    server, name, model = served
+
+    async def ask_all():
+        async with sdk.AsyncTypeSafeClient(api_key="local", base_url=server.url, model=name, timeout=SDK_TIMEOUT,
+                                           retry=sdk.RetryPolicy(max_retries=0)) as aclient:
+            return await asyncio.gather(*[aclient.system_one(state=c.state, questions=questions(c))
+                                          for c in cases * 2])
+
+    for case, result in zip(cases * 2, asyncio.run(ask_all())):
+        assert_matches(result, model.decide(case.state, questions(case)))
+
+
+def test_sdk_error_classes(served, cases):
+    server, name, _ = served
+    case = cases[0]
+    with client(server, name) as sdk_client:
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="no trained head"):
+            sdk_client.system_one(state=case.state, questions={"colour": sdk.Noul(instructions="red?")},
+                                  extra_body={"workflow": case.workflow})
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="is not served here"):
+            sdk_client.system_one(state=case.state, questions=questions(case), model="jev-latest")
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="state"):
+            sdk_client.system_one(state="", questions=questions(case))
+    with sdk.TypeSafeClient(api_key="local", base_url=f"{server.url}/nope", retry=sdk.RetryPolicy(max_retries=0)) as c:
+        with pytest.raises(sdk.TypeSafeNotFoundError):
+            c.models.list()
+
+
+# ----- raw HTTP: what no client library would send ----------------------------------------------------------------
+def http_request(body: bytes | None = None, *, method="POST", path=ENDPOINT, length: str | None = None,
+                 headers: dict | None = None) -> bytes:
+    head = {"Host": "127.0.0.1", "Content-Type": "application/json", "Connection": "close", **(headers or {})}
+    if body is not None or length is not None:
+        head["Content-Length"] = length if length is not None else str(len(body))
+    lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items()), "", ""]
+    return "\r\n".join(lines).encode() + (body or b"")
+
+
+def exchange(server, data: bytes, drip: float | None = None) -> tuple[int, dict, dict]:
+    """Send raw bytes (with ``drip``, a few bytes every ``drip`` seconds, for at most 3 s) and read the answer:
+    (status, headers, JSON body)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            if drip is None:
+                sock.sendall(data)
+            else:
+                end = data.index(b"\r\n\r\n") + 4
+                sock.sendall(data[:end])
+                for i in range(end, min(len(data), end + int(3 / drip) * 4), 4):
+                    sock.sendall(data[i:i + 4])
+                    time.sleep(drip)
+        except OSError:  # the server answered and closed while we were still sending
+            pass
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        payload = response.read()
+    assert response.getheader("content-type", "").startswith("application/json"), payload[:200]
+    return response.status, dict(response.getheaders()), json.loads(payload)
+
+
+def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
+    """name -> (raw request, expected status, drip)."""
+    ok = json.loads(good_body(name, case))
+
+    def with_(**changes):
+        return http_request(json.dumps({**ok, **changes}).encode())
+
+    deep = b'{"model": "%s", "state": %s, "questions": %s}' % (
+        name.encode(), b"[" * 100_000 + b"]" * 100_000, json.dumps(ok["questions"]).encode())
+    noul = next(q for q, x in ok["questions"].items() if x["type"] == "noul")
+    choice = next(q for q, x in ok["questions"].items() if x["type"] == "choice")
+    score = next(q for q, x in ok["questions"].items() if x["type"] == "score")
+    return {
+        "100k nested brackets": (http_request(deep), 422, None),
+        "workflow is a list": (with_(workflow=["a"]), 422, None),
+        "Content-Length -5": (http_request(b"{}", length="-5"), 400, None),
+        "Content-Length abc": (http_request(b"{}", length="abc"), 400, None),
+        "body shorter than Content-Length": (http_request(b'{"model": ', length="100"), 408, None),
+        "slow client": (http_request(good_body(name, case)), 408, 0.5),
+        "state null": (with_(state=None), 422, None),
+        "state 42": (with_(state=42), 422, None),
+        "state empty string": (with_(state=""), 422, None),
+        "state empty object": (with_(state={}), 422, None),
+        "state NaN": (http_request(json.dumps({**ok, "state": {"x": math.nan}}).encode()), 422, None),
+        "state Infinity": (http_request(json.dumps({**ok, "state": [math.inf]}).encode()), 422, None),
+        "state too long for the model": (with_(state="word " * 3000), 422, None),
+        "PUT": (http_request(good_body(name, case), method="PUT"), 405, None),
+        "DELETE /v1/models": (http_request(method="DELETE", path="/v1/models"), 405, None),
+        "unknown path": (http_request(good_body(name, case), path="/v2/nope"), 404, None),
+        "empty body": (http_request(b""), 422, None),
+        "not JSON": (http_request(b"{'state': 1"), 422, None),
+        "a JSON array": (http_request(b"[]"), 422, None),
+        "invalid UTF-8": (http_request(b'{"model": "\xff\xfe", "state": "x"}'), 422, None),
+        "text/plain": (http_request(good_body(name, case), headers={"Content-Type": "text/plain"}), 422, None),
+        "model missing": (http_request(json.dumps({"state": ok["state"], "questions": ok["questions"]}).encode()),
+                          422, None),
+        "model is a number": (with_(model=1), 422, None),
+        "model unknown": (with_(model="jev-latest"), 422, None),
+        "questions missing": (http_request(json.dumps({"model": name, "state": "x"}).encode()), 422, None),
+        "questions empty": (with_(questions={}), 422, None),
+        "questions a list": (with_(questions=[noul]), 422, None),
+        "question a string": (with_(questions={noul: "noul"}), 422, None),
+        "question type unknown": (with_(questions={noul: {"type": "maybe"}}), 422, None),
+        "noul criteria a list": (with_(questions={noul: {"type": "noul", "criteria": ["yes"]}}), 422, None),
+        "choice without criteria": (with_(questions={choice: {"type": "choice"}}), 422, None),
+        "score criteria a string": (with_(questions={score: {"type": "score", "criteria": "low"}}), 422, None),
+        "instructions a number": (with_(questions={noul: {"type": "noul", "instructions": 5}}), 422, None),
+        "box question": (with_(questions={noul: {"type": "box", "instructions": "find it"}}), 422, None),
+        "assets": (with_(assets={"a1": {"type": "image", "format": "png", "data_base64": "AAAA"}}), 422, None),
+        "unknown field": (with_(temperature=0.2), 422, None),
+        "workflow unknown": (with_(workflow="poetry"), 422, None),
+        "question not trained": (with_(questions={"colour": {"type": "noul"}}, workflow=case.workflow), 422, None),
+        "options differ": (with_(questions={choice: {"type": "choice", "criteria": {"yes": "", "no": ""}}}), 422,
+                           None),
+        "5,000 questions": (with_(questions={f"q{i}": {"type": "noul"} for i in range(5000)}), 422, None),
+        "body over the size limit": (with_(state="x" * 300_000), 413, None),
+        "Content-Length of a gigabyte": (http_request(b"{}", length=str(10**9)), 413, None),
+        "gzip body": (http_request(b"\x1f\x8b", headers={"Content-Encoding": "gzip"}), 415, None),
+        "zstd body that is not zstd": (http_request(b"not zstd", headers={"Content-Encoding": "zstd"}), 400, None),
+    }
+
+
+def test_every_bad_request_gets_a_json_4xx_and_the_server_keeps_answering(served, cases):
+    server, name, _ = served
+    good = http_request(good_body(name, cases[0]))
+    outcomes = {}
+    for label, (data, expected, drip) in bad_requests(name, cases[0]).items():
+        status, _, payload = exchange(server, data, drip)
+        outcomes[label] = (status, expected)
+        assert "detail" in payload, label
+        if status == 422:
+            assert all({"loc", "msg", "type"} <= set(item) for item in payload["detail"]), (label, payload)
+        assert exchange(server, good)[0] == 200, f"the server stopped answering after: {label}"
+    assert {label: got for label, (got, _) in outcomes.items()} == {label: want for label, (_, want) in outcomes.items()}
+
+
+def test_refusals_name_the_field(served, cases):
+    server, name, _ = served
+    checks = {"state null": ["body", "state"], "workflow is a list": ["body", "workflow"],
+              "model unknown": ["body", "model"], "state too long for the model": ["body", "state"],
+              "unknown field": ["body", "temperature"], "box question": ["body", "questions"],
+              "assets": ["body", "assets"]}
+    table = bad_requests(name, cases[0])
+    for label, prefix in checks.items():
+        _, _, payload = exchange(server, table[label][0])
+        assert payload["detail"][0]["loc"][:len(prefix)] == prefix, (label, payload)
+        assert payload["detail"][0]["msg"], label
+
+
+def test_unicode_states_are_answered(served, cases):
+    server, name, _ = served
+    body = {**json.loads(good_body(name, cases[1])), "state": "Kunde: „Rückerstattung bitte“ — 返金してください 🙏 مرحبا"}
+    status, _, payload = exchange(server, http_request(json.dumps(body, ensure_ascii=False).encode()))
+    assert status == 200 and set(payload["answers"]) == set(cases[1].questions)
+
+
+def test_docs_models_health_and_loopback(served):
+    server, name, model = served
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/docs").status_code == 200
+        schemas = http.get("/openapi.json").json()["components"]["schemas"]
+        assert {"SystemOneRequest", "SystemOneResponse", "ModelMetadataList"} <= set(schemas)
+        health = http.get("/health").json()
+        assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_length
+        assert http.get("/v1/models").json()["models"][0]["name"] == name
+    port = int(server.url.rsplit(":", 1)[1])
+    listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+    assert build_parser().parse_args(["serve", "runs/x"]).host == "127.0.0.1"
+
+
+def test_bounded_load_test_loses_nothing(served, cases):
+    server, name, _ = served
+    result = load_test(f"{server.url}{ENDPOINT}", [good_body(name, c) for c in cases], concurrency=4, seconds=120,
+                       max_requests=8)
+    assert result["requests"] == 8 and result["lost"] == 0 and result["p50 ms"] <= result["p99 ms"]
+
+
+def test_in_flight_limit_answers_503_with_retry_after():
+    release = anyio.Event()
+    app = FastAPI()
+
+    @app.post(ENDPOINT)
+    async def slow() -> dict:
+        await release.wait()
+        return {}
+
+    limited = InFlightLimit(app, limit=2, retry_after=3)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(limited), base_url="http://test") as http:
+            async with anyio.create_task_group() as group:
+                for _ in range(2):
+                    group.start_soon(http.post, ENDPOINT)
+                while limited.active < 2:
+                    await anyio.sleep(0.01)
+                refused = await http.post(ENDPOINT)
+                other = await http.get("/elsewhere")  # only the model's endpoint is bounded
+                release.set()
+            return refused, other
+
+    refused, other = anyio.run(run)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "3" and "retry" in refused.json()["detail"]
+    assert other.status_code == 404 and limited.active == 0
+
+
+def test_decide_command_reads_standard_input(quick_model, cases, monkeypatch, capsys):
+    path, model = quick_model
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(good_body(path.name, cases[0]))))
     assert main(["decide", str(path)]) == 0
-    assert set(json.loads(capsys.readouterr().out)["answers"]) == set(case.questions)
-
-
-def test_bounded_load_test_loses_nothing(quick_model, case):
-    from decisionkit.serve import load_test
-
-    _, model = quick_model
-    server = make_server(model, port=0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        result = load_test(f"http://127.0.0.1:{server.server_port}/v1/systemone",
-                           body(state=case.state, workflow=case.workflow), concurrency=4, seconds=2)
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert result["failed"] == 0 and result["requests"] >= 4 and result["p50 ms"] <= result["p99 ms"]
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == path.name and printed["answers"] == model.decide(cases[0].state, questions(cases[0]))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"model": "x", "state": 42}')))
+    assert main(["decide", str(path)]) == 2
+    refused = {tuple(item["loc"]) for item in json.loads(capsys.readouterr().out)["detail"]}
+    assert refused == {("body", "state"), ("body", "questions")}

@@ -1,0 +1,125 @@
+import json
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from typesafe_sdk._schemas import models as wire
+
+from decisionkit import systemone
+from decisionkit.data import Question
+from decisionkit.systemone import QuestionError, Refusal, SystemOneRequest, answer, check, prepare, respond
+
+# Our model -> the official SDK's generated model of the same wire object.
+SAME_AS_SDK = {
+    "SystemOneRequest": "SystemOneRequest", "NoulQuestion": "NoulQuestion", "ChoiceQuestion": "ChoiceQuestion",
+    "ScoreQuestion": "ScoreQuestion", "BoxQuestion": "BoxQuestion", "NoulCriteria": "NoulCriteria", "Asset": "Asset",
+    "NoulAnswer": "NoulAnswer", "ChoiceAnswer": "ChoiceAnswer", "ScoreAnswer": "ScoreAnswer", "Usage": "Usage",
+    "SystemOneResponse": "SystemOneResponse", "ModelMetadata": "ModelMetadata",
+    "ModelMetadataList": "ModelMetadataList", "ValidationErrorItem": "ValidationError",
+    "HTTPValidationError": "HTTPValidationError",
+}
+EXTENSIONS = {"SystemOneRequest": {"workflow"}, "SystemOneResponse": {"routing"}}  # decisionkit's own, optional
+
+
+@pytest.mark.parametrize("ours, theirs", SAME_AS_SDK.items())
+def test_models_follow_the_sdk_field_for_field(ours, theirs):
+    mine, sdk = getattr(systemone, ours).model_fields, getattr(wire, theirs).model_fields
+    extension = EXTENSIONS.get(ours, set())
+    assert set(mine) - extension == set(sdk)
+    assert all(not mine[name].is_required() for name in extension)
+    assert {k: f.is_required() for k, f in mine.items() if k in sdk} == {k: f.is_required() for k, f in sdk.items()}
+
+
+def test_an_sdk_request_validates_in_the_contract():
+    sent = wire.SystemOneRequest(model="m", state={"a": [1, 2.5]}, questions={
+        "n": {"type": "noul", "instructions": "?", "criteria": {"true": "yes"}},
+        "c": {"type": "choice", "criteria": {"x": None, "y": {"why": "structured"}}},
+        "s": {"type": "score", "criteria": ["low", "high"]}}).model_dump(mode="json")
+    request = SystemOneRequest.model_validate(sent)
+    assert request.model == "m" and [q.type for q in request.questions.values()] == ["noul", "choice", "score"]
+
+
+@pytest.mark.parametrize("state, message", [
+    (None, "got null"), (42, "got a number"), (True, "got a boolean"), ("", "empty string"), ("  \n", "empty string"),
+    ({}, "empty dict"), ([], "empty list"), ({"x": math.nan}, "not a JSON number"), ([math.inf], "not a JSON number"),
+    ({"a": json.loads("[" * 70 + "]" * 70)}, "nested more than 64"),
+])
+def test_states_the_contract_refuses(state, message):
+    with pytest.raises(ValidationError, match=message) as refused:
+        SystemOneRequest(model="m", state=state, questions={"q": {"type": "noul"}})
+    assert refused.value.errors()[0]["loc"][0] == "state"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("model", 1), ("questions", {}), ("questions", []), ("questions", {"q": "noul"}), ("questions", {"q": {"type": "maybe"}}),
+    ("questions", {"q": {"type": "choice"}}), ("questions", {"q": {"type": "score", "criteria": []}}),
+    ("questions", {"q": {"type": "noul", "criteria": {"yes": "?"}}}), ("questions", {"q": {"type": "noul", "instructions": 5}}),
+    ("assets", {}), ("workflow", ["a"]), ("extra", 1),
+])
+def test_wrong_types_name_the_field(field, value):
+    request = {"model": "m", "state": "text", "questions": {"q": {"type": "noul"}}, field: value}
+    with pytest.raises(ValidationError) as refused:
+        SystemOneRequest.model_validate(request)
+    assert refused.value.errors()[0]["loc"][0] == field
+
+
+def test_answer_shapes_and_a_separate_confidence():
+    score_q = Question("s", "score", "", ("0", "1", "2"), ("low", "mid", "high"))
+    out = answer(score_q, np.array([0.2, 0.3, 0.5]))
+    assert out == {"type": "score", "score": pytest.approx(1.3), "confidence": pytest.approx(0.5),
+                   "legend": {"0": "low", "1": "mid", "2": "high"}, "probabilities": pytest.approx(
+                       {"0": 0.2, "1": 0.3, "2": 0.5})}
+    assert answer(score_q, np.array([0.2, 0.3, 0.5]), confidence=0.9)["confidence"] == 0.9
+    choice_q = Question("c", "choice", "", ("a", "b"), ("", ""))
+    assert answer(choice_q, np.array([0.3, 0.7]))["choice"] == "b"
+    assert answer(Question("n", "noul", "", ("false", "true"), ("", "")), np.array([0.1, 0.9])) == {
+        "type": "noul", "noul": pytest.approx(0.9)}
+
+
+SCHEMA = {"w1": {"n": Question("n", "noul", "", ("false", "true"), ("", "")),
+                 "c": Question("c", "choice", "", ("a", "b"), ("", ""))},
+          "w2": {"n": Question("n", "noul", "", ("false", "true"), ("", ""))}}
+
+
+@pytest.mark.parametrize("questions, workflow, loc, message", [
+    (None, None, ("workflow",), "pass workflow= one of"),
+    ({"n": {"type": "noul"}}, None, ("workflow",), "several workflows"),
+    ({"zz": {"type": "noul"}}, None, ("questions",), "no trained workflow asks all of"),
+    (None, "w9", ("workflow",), "has no trained heads"),
+    ({"zz": {"type": "noul"}}, "w1", ("questions", "zz"), "no trained head in workflow 'w1'"),
+    ({"c": {"type": "noul"}}, "w1", ("questions", "c", "type"), "type 'noul' differs"),
+    ({"c": {"type": "choice", "criteria": {"a": "", "x": ""}}}, "w1", ("questions", "c", "criteria"), "differ"),
+    ({"c": {"type": "box"}}, "w1", ("questions", "c", "type"), "box questions"),
+    ({"c": {"type": "choice", "criteria": {"a": ""}}}, "w1", ("questions", "c", "criteria"), "two or more"),
+    ({"c": {"type": "choice", "criteria": {"a": "", "b": ""}, "typo": 1}}, "w1", ("questions", "c", "typo"), "Extra"),
+    ({"c": "choice"}, "w1", ("questions", "c"), "valid dictionary"),
+])
+def test_check_refuses_with_the_field(questions, workflow, loc, message):
+    with pytest.raises(QuestionError, match=message) as refused:
+        check(SCHEMA, questions, workflow)
+    assert refused.value.loc == loc and refused.value.detail()["loc"] == ["body", *loc]
+
+
+def test_check_infers_the_workflow_and_keeps_the_asked_criteria():
+    workflow, asked = check(SCHEMA, {"c": {"type": "choice", "criteria": {"a": "first", "b": None}}}, None)
+    assert workflow == "w1" and asked["c"].descriptions == ("first", "")
+    assert check(SCHEMA, None, "w2") == ("w2", SCHEMA["w2"])
+
+
+def test_prepare_and_respond_with_a_model(quick_model, splits):
+    path, model = quick_model
+    models = {path.name: model}
+    case = splits["validation"][0]
+    questions = {q: x.to_json() for q, x in case.questions.items()}
+    request = SystemOneRequest(model=path.name, state=case.state, questions=questions, workflow=case.workflow)
+    prepared = prepare(models, request)
+    [response] = respond(models, [prepared])
+    wire.SystemOneResponse.model_validate(response)  # the SDK's own model accepts it
+    assert response["answers"] == model.decide(case.state, questions, case.workflow)
+    assert response["usage"] == {"input_tokens": prepared.input_tokens, "output_tokens": 0} and prepared.input_tokens > 0
+    for bad, loc in [({"model": "nope"}, "model"), ({"assets": {"a": {"type": "image", "part": "p"}}}, "assets"),
+                     ({"state": "word " * 2000}, "state")]:
+        refused = prepare(models, request.model_copy(update=bad))
+        assert isinstance(refused, Refusal) and refused.detail[0]["loc"] == ["body", loc]
+        assert respond(models, [refused]) == [refused]
