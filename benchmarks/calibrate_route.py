@@ -3,9 +3,12 @@
     .venv/bin/python benchmarks/calibrate_route.py --model runs/bench-cpu-heads --out runs/calibrated-cpu-heads
 
 Saves the calibrated model (temperatures and anomaly threshold inside) to ``--out`` and writes
-``<out>/calibration.json``: the fitted temperatures, accuracy / KL / Brier / ECE (10 and 15 bins) before and
-after on validation and test (and what the other fitting target would have given), AUROC and FPR at 95% TPR of every anomaly score against the project's off-domain
-and near-domain sets, the share of each set sent to a human, and the poem example.
+``<out>/calibration.json``: the fitted temperatures (for the probabilities and for the confidence field),
+accuracy / KL / Brier / ECE (10 and 15 bins; of the top probability and of the confidence field) before and after
+on validation and test (and what the other fitting targets would have given), AUROC and FPR at 95% TPR of every
+anomaly score against the project's off-domain and near-domain sets, the share of each set sent to a human, and
+the poem example. ``decisionkit train`` already calibrates and fits the router; this script re-does both on any
+saved model with other choices.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import decisionkit as dk
 from decisionkit.anomaly import OFF_DOMAIN_DIR, SCORES, TARGET_REJECTION, evaluate_scores, fit_router, load_inputs
-from decisionkit.calibration import TARGETS, calibrate
+from decisionkit.calibration import CALIBRATIONS, calibrate
 from decisionkit.report import git_commit
 
 POEM = "autumn wind through golden leaves under the moon"
@@ -33,16 +36,18 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="folder of a trained model")
     parser.add_argument("--out", required=True, help="folder for the calibrated model and calibration.json")
     parser.add_argument("--data", default=None)
-    parser.add_argument("--target", default="label", choices=TARGETS, help="what the temperatures are fitted to")
+    parser.add_argument("--target", default="both", choices=CALIBRATIONS,
+                        help="what the temperatures are fitted to (both: probabilities to the distribution, "
+                             "confidence to the answer)")
     parser.add_argument("--score", default="mahalanobis", choices=SCORES)
     parser.add_argument("--rejection", type=float, default=TARGET_REJECTION)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model = dk.load(args.model)
     splits = {name: dk.load_typed_decisions(name, args.data) for name in ("train", "validation", "test")}
-    other = [t for t in TARGETS if t != args.target][0]
-    alternative = calibrate(model, splits["validation"], splits["test"], target=other).table()  # for comparison
-    calibration = calibrate(model, splits["validation"], splits["test"], target=args.target)
+    others = [t for t in CALIBRATIONS if t != args.target]
+    alternatives = {t: calibrate(model, splits["validation"], splits["test"], target=t).table() for t in others}
+    calibration = calibrate(model, splits["validation"], splits["test"], target=args.target)  # the one kept
     router = fit_router(model, splits["train"], splits["validation"], args.score, args.rejection)
     workflows = set(splits["train"].workflows)
     off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", workflows)
@@ -53,11 +58,12 @@ def main(argv=None) -> int:
     result = {
         "model": args.model,
         "temperatures": calibration.temperatures,
+        "confidence_temperatures": calibration.confidence_temperatures,
         "fits": frame_json(calibration.temperature_table()),
         "target": args.target,
         "calibration": {f"{split}/{stage}": table.loc[(split, stage)].to_dict() for split, stage in table.index},
-        f"calibration_if_fitted_to_{other}": {f"{split}/{stage}": alternative.loc[(split, stage)].to_dict()
-                                               for split, stage in alternative.index},
+        **{f"calibration_if_fitted_to_{t}": {f"{split}/{stage}": table.loc[(split, stage)].to_dict()
+                                             for split, stage in table.index} for t, table in alternatives.items()},
         "router": router.config(),
         "separation": {name: frame_json(anomalies.separation(name)) for name in (off.name, near.name)},
         "sent_to_human": {f"{s}/{k}": v for (s, k), v in anomalies.routed()["sent to a human"].items()},
@@ -68,7 +74,8 @@ def main(argv=None) -> int:
     Path(args.out, "calibration.json").write_text(json.dumps(result, indent=2, default=float))
     test_before, test_after = table.loc[("test", "before")], table.loc[("test", "after")]
     best = anomalies.separation(off.name)["AUROC"]
-    print(f"test ECE (10 bins) {test_before['ece (10 bins)']:.4f} -> {test_after['ece (10 bins)']:.4f}; "
+    print(f"test ECE (10 bins) {test_before['ece (10 bins)']:.4f} -> {test_after['ece (10 bins)']:.4f}, ECE of "
+          f"confidence {test_after['ece of confidence (10 bins)']:.4f}, KL {test_after['kl']:.4f}; "
           f"off-domain AUROC best {best.idxmax()} {best.max():.4f}, msp {best['msp']:.4f} -> {args.out}")
     return 0
 

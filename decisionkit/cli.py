@@ -22,7 +22,7 @@ from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
 from .metrics import score
 from .model import QuestionError, load
-from .report import RunReport, write_atomic
+from .report import RunReport, run_report, write_atomic
 from .training import PRESETS, evaluate, load_split, preset, train
 
 
@@ -31,50 +31,10 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def run_training(args) -> RunReport:
-    """Train, calibrate on validation (probabilities to the soft gold, confidence to the answer), fit the routing
-    threshold (typed-decisions), score validation and test, optionally zero-shot; save the model and its report."""
-    from .calibration import calibrate
-
-    p = preset(args.preset)
-    print(f"training preset {p.name} ({p.mode}) into {args.out}")
-    result = train(p, args.out, data_dir=args.data, resume=not args.restart, progress=not args.quiet)
-    model = load(args.out)
-    splits = {name: load_split(p.dataset, name, args.data) for name in ("train", "validation", "test")}
-    calibration = calibrate(model, splits["validation"], splits["test"])
-    scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
-    routing = {}
-    if p.dataset == "typed-decisions":
-        from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
-
-        router = fit_router(model, splits["train"], splits["validation"])
-        off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
-        sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
-            lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
-        routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
-                   **{f"{name} sent to a human": share for name, share in sent.items()}}
-    model.save(args.out)
-    baselines = {}
-    if args.zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
-        from .zeroshot import zero_shot_predictions
-
-        sample = splits["validation"].head(args.zero_shot)
-        baselines[f"zero-shot ({len(sample)} validation cases)"] = score(
-            sample, zero_shot_predictions(model.backbone, sample, progress=not args.quiet))
-    backbone = model.backbone
-    report = RunReport(
-        backbone={"name": model.config()["backbone"]["name"], "source": backbone.resolved.source,
-                  "weights_sha256": model.config()["backbone"]["weights_sha256"], "kind": backbone.kind},
-        data_source=splits["test"].source,
-        training={"preset": p.name, "mode": p.mode, "seconds": result.seconds,
-                  "peak_memory_gb": result.peak_memory_gb, "best_val_loss": result.best_val_loss, **result.extra},
-        scores=scores, baselines=baselines,
-        calibration={"temperatures": calibration.temperatures,
-                     "confidence_temperatures": calibration.confidence_temperatures,
-                     "table": {f"{split}/{stage}": row for (split, stage), row in
-                               calibration.table().to_dict(orient="index").items()}},
-        routing=routing)
-    report.save(args.out)
-    return report
+    """The train / demo commands: ``report.run_report`` with the command's options, printed as it goes."""
+    print(f"training preset {args.preset} into {args.out}")
+    return run_report(args.preset, args.out, data_dir=args.data, zero_shot=args.zero_shot, resume=not args.restart,
+                      progress=not args.quiet)
 
 
 def cmd_train(args) -> int:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .environment import environment
+from .precision import Precision
 from .features import tokenize
 
 PERCENTILES = (50, 95, 99)
@@ -224,9 +225,19 @@ def length_sweep(model, texts: Sequence[str], lengths=(64, 128, 256, 512), repea
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("max tokens")
 
 
+def _computing_in(dtype: str):
+    """A variant that runs the backbone's matrix products in ``dtype`` (whatever this machine would choose)."""
+    def variant(model):
+        model.backbone.precision = Precision(model.backbone.device, dtype, "set by the speed variant")
+        return model
+
+    return variant
+
+
 def _int8(model):
     from torch.ao.quantization import quantize_dynamic
 
+    _computing_in("float32")(model)  # dynamic int8 layers take float32 activations
     quantize_dynamic(model.backbone.model, {nn.Linear}, dtype=torch.qint8, inplace=True)
     return model
 
@@ -237,9 +248,10 @@ def _compiled(model):
 
 
 SPEED_VARIANTS = {
-    "float32 (as trained)": lambda model: model,
+    "float32": _computing_in("float32"),  # the reference row: speed-ups are against it
+    "bfloat16 autocast": _computing_in("bfloat16"),  # fast only where the CPU has bfloat16 instructions
     "int8 dynamic (nn.Linear)": _int8,  # weights int8, activations quantized per call: CPU only
-    "torch.compile": _compiled,
+    "torch.compile": _compiled,  # in the compute dtype chosen for this machine
 }
 
 
@@ -247,7 +259,7 @@ SPEED_VARIANTS = {
 def speed_variants(model, cases, names=tuple(SPEED_VARIANTS), warmup: int = 2) -> pd.DataFrame:
     """Each CPU speed-up applied to a copy of ``model``: forward-pass time per case, the warm-up it needed, and
     accuracy / KL on ``cases`` with the unchanged heads (features are recomputed, never read from the cache).
-    A speed-up is worth keeping only if accuracy stays within noise of the float32 row."""
+    A speed-up is worth keeping only if accuracy stays within noise of the first (float32) row."""
     from .heads import predict
     from .metrics import score
 

@@ -6,6 +6,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 TEMPLATE = "plotly_white"
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's default order
 
 
 def length_histogram(stats) -> go.Figure:
@@ -25,6 +26,39 @@ def probe_bars(comparison) -> go.Figure:
     fig = px.bar(long, x="decisions", y="accuracy", color="probe", barmode="group", template=TEMPLATE,
                  title="Linear probe on frozen features: validation accuracy", text_auto=".2f")
     return fig.update_layout(yaxis_range=[0, 1])
+
+
+def learning_curve_figure(curve) -> go.Figure:
+    """Held-out accuracy and cross-entropy as the training set grows, with the gold-entropy floor."""
+    from plotly.subplots import make_subplots
+
+    rows = curve.rows
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("held-out accuracy", "soft cross-entropy"))
+    fig.add_scatter(x=rows.index, y=rows["accuracy"], mode="lines+markers", name="accuracy", row=1, col=1)
+    fig.add_scatter(x=rows.index, y=rows["held-out cross-entropy"], mode="lines+markers", name="held-out", row=1,
+                    col=2)
+    fig.add_scatter(x=rows.index, y=rows["train cross-entropy"], mode="lines+markers", name="train", row=1, col=2)
+    fig.add_hline(y=curve.floor, line_dash="dot", annotation_text="gold entropy (floor)", row=1, col=2)
+    fig.update_xaxes(type="log", title="train cases")
+    return fig.update_layout(template=TEMPLATE, title="Heads on frozen features: more data, same features")
+
+
+def finetune_curves(histories: dict) -> go.Figure:
+    """Dev loss and accuracy along fine-tuning, one line per run (name -> history); epoch 0 is the stage-1 heads
+    on the frozen backbone, where every fine-tuning run starts."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("dev soft cross-entropy", "dev accuracy"))
+    for k, (name, history) in enumerate(histories.items()):
+        tuned = history[history["stage"] != "heads"].dropna(subset=["val_loss"])
+        start = history[history["stage"] == "heads"]["val_loss"].min()
+        color = PALETTE[k % len(PALETTE)]
+        fig.add_scatter(x=[0, *tuned["epoch"]], y=[start, *tuned["val_loss"]], mode="lines+markers", name=name,
+                        line_color=color, legendgroup=name, row=1, col=1)
+        fig.add_scatter(x=tuned["epoch"], y=tuned["val_accuracy"], mode="lines+markers", name=name, showlegend=False,
+                        line_color=color, legendgroup=name, row=1, col=2)
+    fig.update_xaxes(title="epoch of fine-tuning")
+    return fig.update_layout(template=TEMPLATE, title="Fine-tuning, scored on the dev slice")
 
 
 def training_curves(history) -> go.Figure:

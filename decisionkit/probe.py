@@ -94,3 +94,43 @@ def pooling_comparison(backbone, train: Split, validation: Split, settings=None,
     if settings is None:
         settings = POOLING_SETTINGS + [("mean", layer) for layer in train_features.layers[:-1]]
     return compare_probes(train_features, train, val_features, validation, settings)
+
+
+def gold_entropy(cases: Split) -> float:
+    """Mean entropy of the gold distributions: the lowest soft cross-entropy any model can reach on ``cases``."""
+    values = [g.probabilities[g.probabilities > 0] for c in cases for g in c.gold.values()]
+    return float(np.mean([-(v * np.log(v)).sum() for v in values]))
+
+
+@dataclass
+class LearningCurve:
+    """Probes trained on growing shares of the training cases, scored on the same held-out cases."""
+
+    rows: pd.DataFrame  # per size: train cases, held-out accuracy / KL / cross-entropy, train cross-entropy
+    floor: float  # the held-out gold entropy: no model's cross-entropy goes below it
+
+    def table(self) -> pd.DataFrame:
+        return self.rows.round(4)
+
+    def figure(self):
+        from .plots import learning_curve_figure
+
+        return learning_curve_figure(self)
+
+
+def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 140, None),
+                   l2_grid=L2_GRID) -> LearningCurve:
+    """Heads on a frozen model's features (cached) of the first ``n`` train cases of each workflow (None: all),
+    each scored on ``held_out``: how fast accuracy still grows with data tells whether data or capacity limits."""
+    train_x = model.raw_split_features(train).cpu().numpy()
+    held_x = model.raw_split_features(held_out).cpu().numpy()
+    rows = []
+    for n in per_workflow:
+        subset = train if n is None else train.head(n)
+        index = [train.ids.index(i) for i in subset.ids]
+        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid)
+        best = result.history.loc[result.history["val_loss"].idxmin()]
+        overall = result.scores.overall()
+        rows.append({"train cases": len(subset), "accuracy": overall["accuracy"], "kl": overall["kl"],
+                     "held-out cross-entropy": best["val_loss"], "train cross-entropy": best["train_loss"]})
+    return LearningCurve(pd.DataFrame(rows).set_index("train cases"), gold_entropy(held_out))

