@@ -334,7 +334,7 @@ def _finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, o
         model.unfreeze_backbone()
     else:
         model.attach_lora(p.lora)
-    if p.gradient_checkpointing:
+    if p.gradient_checkpointing and model.backbone.engine != "unsloth":  # Unsloth's adapters bring their own
         model.backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.heads.requires_grad_(p.finetune_head_lr > 0)
     accelerator = Accelerator(cpu=model.backbone.device == "cpu")
