@@ -183,7 +183,9 @@ class DecisionModel(nn.Module):
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
-        """Answer ``questions`` (System One shape; default: every trained question) about ``state``."""
+        """Answer ``questions`` (System One shape; default: every trained question) about ``state``. A state longer
+        than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it instead
+        (422 on field 'state'), since a client cannot see the cut."""
         return self._read(state, questions, workflow)[2]
 
     @torch.inference_mode()

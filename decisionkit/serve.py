@@ -211,13 +211,49 @@ class InFlightLimit:
 
 
 class JSONErrorsProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, whose 400 for a request it cannot parse is JSON like every other answer."""
+    """uvicorn's HTTP/1.1 protocol, whose 400 for a request it cannot parse is JSON like every other answer, and
+    which gives a client ``header_timeout`` seconds to send its request line and headers (uvicorn itself waits
+    for them without end): a connection that dribbles headers gets a JSON 408 and is closed."""
+
+    header_timeout = Limits.read_timeout
+    header_timer = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._await_headers()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._await_headers()  # the next request on a kept-alive connection gets the same time
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+        self.header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
+
+    def _headers_late(self) -> None:
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return  # the headers came; the body has its own timeout (ContractRequest)
+        if self.conn.our_state is h11.IDLE:
+            self._send_json_error(408, b"Request Timeout", f"the request headers did not arrive within "
+                                                         f"{self.header_timeout:g} s")
+        else:
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
-        body = json.dumps({"detail": f"{msg} Check the request line, the headers and Content-Length."}).encode()
+        self._send_json_error(400, b"Bad Request", f"{msg} Check the request line, the headers and Content-Length.")
+
+    def _send_json_error(self, status: int, reason: bytes, detail: str) -> None:
+        body = json.dumps({"detail": detail}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
-        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body), h11.EndOfMessage()):
+        for event in (h11.Response(status_code=status, headers=headers, reason=reason), h11.Data(data=body),
+                      h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
@@ -291,7 +327,8 @@ def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000,
           limits: Limits = Limits(), log_level: str = "warning") -> None:
     """Serve the saved models in ``runs`` until interrupted (``decisionkit serve`` calls this)."""
     server = SystemOneServer(catalog(runs), batching, limits)
-    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, http=JSONErrorsProtocol,
+    protocol = type("JSONErrorsProtocol", (JSONErrorsProtocol,), {"header_timeout": limits.read_timeout})
+    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, http=protocol,
                timeout_keep_alive=5)
 
 
@@ -446,11 +483,11 @@ def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], client
 
 
 def compute_facts(model) -> dict:
-    """The model's compute dtype and device, and the CPU's bf16 support: timings depend on all three."""
+    """The model's compute dtype (chosen at load, ``precision.py``), device, and the CPU's capability: timings
+    depend on all three."""
     import torch
 
-    return {"compute dtype": str(next(model.backbone.model.parameters()).dtype).replace("torch.", ""),
-            "device": model.backbone.device, "cpu capability": torch.backends.cpu.get_cpu_capability(),
+    return {**model.backbone.precision.describe(),
             "cpu bf16 instructions": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
 
 

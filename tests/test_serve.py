@@ -165,6 +165,7 @@ def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
         "Content-Length abc": (http_request(b"{}", length="abc"), 400, None),
         "body shorter than Content-Length": (http_request(b'{"model": ', length="100"), 408, None),
         "slow client": (http_request(good_body(name, case)), 408, 0.5),
+        "headers that never end": (http_request(good_body(name, case)).split(b"\r\n\r\n")[0] + b"\r\n", 408, None),
         "state null": (with_(state=None), 422, None),
         "state 42": (with_(state=42), 422, None),
         "state empty string": (with_(state=""), 422, None),
