@@ -229,7 +229,9 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
 
     # Stage 1: heads on frozen, cached features; L2 and steps picked on the dev slice.
     pool = training_pool(p, data_dir)  # one cached extraction for train and dev (and the router, later)
+    extraction = time.perf_counter()
     raw = dict(zip(pool.ids, model.raw_split_features(pool)))
+    extraction = time.perf_counter() - extraction  # a second or two when the on-disk cache has the features
     train_raw = torch.stack([raw[i] for i in train_split.ids])
     dev_raw = model.raw_split_features(dev) if dev is validation else torch.stack([raw[i] for i in dev.ids])
     train_x, dev_x = model.normalize_fitted(train_raw), model.normalize(dev_raw)
@@ -237,7 +239,8 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
                     progress)
     history, best = fit.history, fit.best_val_loss
     extra = {"head L2": fit.l2, "head steps": fit.step, "train cases": len(train_split), "dev cases": len(dev),
-             "validation cases": len(validation), **backbone.precision.describe()}
+             "validation cases": len(validation), "feature extraction (s)": round(extraction, 1),
+             **backbone.precision.describe()}
     if p.mode == "heads":
         if p.dev_per_workflow:  # the choice is made: fit again on every training case
             train_x = model.normalize_fitted(torch.stack(list(raw.values())))
