@@ -77,9 +77,10 @@ def main() -> None:
     if args.ray:
         load = ray_levels(run, bodies, args.clients, args.rounds, args.min_requests, args.seconds)
     else:
-        # 2 x 64 in flight: the 64-client level must queue, not be refused
+        # 2 x 64 in flight and 10 minutes to answer: the 64-client level must queue, not be refused or timed out
+        # (one request at a time, 128 requests queue for a minute or more on 2 cores)
         load = compare_batching([run], bodies, args.clients, (16, 1), args.rounds, args.min_requests, args.seconds,
-                                Limits(max_in_flight=128), log=out / "serve.log")
+                                Limits(max_in_flight=128, request_timeout=600), log=out / "serve.log")
     table = load.table()
     print(table.round(1).to_string(), flush=True)
     summary = {"lost": int(table["lost"].sum())}
