@@ -45,6 +45,7 @@ CONFIG_FILE = "decisionkit.json"
 HEADS_FILE = "heads.safetensors"
 ADAPTER_DIR = "adapter"
 BACKBONE_DIR = "backbone"  # a fully fine-tuned backbone, saved whole
+MODEL_ITEMS = {CONFIG_FILE, HEADS_FILE, ADAPTER_DIR, BACKBONE_DIR}  # what a save writes; the rest of the folder stays
 FORMAT_VERSION = 1  # bump when the saved layout changes
 
 
@@ -269,6 +270,7 @@ class DecisionModel(nn.Module):
             scratch.chmod(0o755)
             old = path.with_name(f".{path.name}.old")
             if path.exists():
+                _carry_over(path, scratch)
                 shutil.rmtree(old, ignore_errors=True)
                 os.replace(path, old)
             os.replace(scratch, path)
@@ -289,6 +291,19 @@ class DecisionModel(nn.Module):
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.encoder, load_file(str(adapter)))
+
+
+def _carry_over(previous: Path, new: Path) -> None:
+    """Hard-link into ``new`` whatever ``previous`` holds besides a model (training history, reports, a checkpoint):
+    saving a model again must not delete the rest of its folder. Links cost no copy and leave ``previous`` whole
+    until the swap."""
+    for item in previous.iterdir():
+        if item.name in MODEL_ITEMS:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, new / item.name, copy_function=os.link)
+        else:
+            os.link(item, new / item.name)
 
 
 def load(path: str | Path, backbone: str | Path | None = None, device: str | None = None) -> DecisionModel:

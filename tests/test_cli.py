@@ -5,6 +5,7 @@ import pytest
 from decisionkit import training
 from decisionkit.cli import main
 from decisionkit.model import FeatureSpec
+from decisionkit.report import RunReport
 
 
 @pytest.fixture
@@ -36,6 +37,8 @@ def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, t
     saved = json.loads((out / "decisionkit.json").read_text())
     assert saved["router"]["threshold"] == routing["threshold"] and saved["confidence_temperatures"]
     assert "Quoted references" in (out / "report.md").read_text()
+    reopened = RunReport.load(out)  # what notebook 03 reads: the model's save kept the training history beside it
+    assert not reopened.history.empty and reopened.training == report["training"]
     assert main(["evaluate", str(out), "--split", "validation"]) == 0
     assert json.loads((out / "eval-validation.json").read_text())["accuracy"] == pytest.approx(
         report["validation"]["accuracy"])

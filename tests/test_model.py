@@ -86,8 +86,14 @@ def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, t
         again = decisionkit.load(path)
         assert again.temperatures["choice"] == 1.7
         assert again.decide(case.state, workflow=case.workflow) == first
-        model.save(path)  # overwriting keeps one folder, no leftovers
+        (path / "history.json").write_text("{}")  # what training and reports write beside the model
+        (path / "checkpoint").mkdir()
+        (path / "checkpoint" / "trainer.json").write_text("{}")
+        model.save(path)  # overwriting keeps one folder, no leftovers, and what else the folder held
         assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+        assert sorted(p.name for p in path.iterdir()) == sorted([CONFIG_FILE, "heads.safetensors", "checkpoint",
+                                                                 "history.json"])
+        assert (path / "checkpoint" / "trainer.json").read_text() == "{}"
         config = json.loads((path / CONFIG_FILE).read_text())
         config["backbone"]["weights_sha256"] = "f" * 64
         (path / CONFIG_FILE).write_text(json.dumps(config))
