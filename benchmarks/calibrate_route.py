@@ -6,9 +6,10 @@ Saves the calibrated model (temperatures and anomaly threshold inside) to ``--ou
 ``<out>/calibration.json``: the fitted temperatures (for the probabilities and for the confidence field),
 accuracy / KL / Brier / ECE (10 and 15 bins; of the top probability and of the confidence field) before and after
 on validation and test (and what the other fitting targets would have given), AUROC and FPR at 95% TPR of every
-anomaly score against the project's off-domain and near-domain sets, the share of each set sent to a human, and
-the poem example. ``decisionkit train`` already calibrates and fits the router; this script re-does both on any
-saved model with other choices.
+anomaly score against the project's off-domain and near-domain sets, the share of each set sent to a human (test
+with a bootstrap interval), the heads alone against the distance-aware answers (AUROC of confidence, share routed at
+the one threshold, test answered; accuracy, KL, Brier and ECE on test) and the poem example. ``decisionkit train``
+already calibrates and fits the router; this script re-does both on any saved model with other choices.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.anomaly import OFF_DOMAIN_DIR, SCORES, TARGET_REJECTION, evaluate_scores, fit_router, load_inputs
+from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, TARGET_REJECTION, evaluate_scores, fit_router,
+                                 in_domain_calibration, load_inputs, lowest_confidence)
 from decisionkit.calibration import CALIBRATIONS, calibrate
 from decisionkit.report import git_commit
 
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="both", choices=CALIBRATIONS,
                         help="what the temperatures are fitted to (both: probabilities to the distribution, "
                              "confidence to the answer)")
-    parser.add_argument("--score", default="mahalanobis", choices=SCORES)
+    parser.add_argument("--score", default="confidence", choices=SCORES)
     parser.add_argument("--rejection", type=float, default=TARGET_REJECTION)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -64,19 +66,26 @@ def main(argv=None) -> int:
         "calibration": {f"{split}/{stage}": table.loc[(split, stage)].to_dict() for split, stage in table.index},
         **{f"calibration_if_fitted_to_{t}": {f"{split}/{stage}": table.loc[(split, stage)].to_dict()
                                              for split, stage in table.index} for t, table in alternatives.items()},
-        "router": router.config(),
+        "router": {k: v for k, v in router.config().items() if k != "priors"},
         "separation": {name: frame_json(anomalies.separation(name)) for name in (off.name, near.name)},
         "sent_to_human": {f"{s}/{k}": v for (s, k), v in anomalies.routed()["sent to a human"].items()},
+        "test_rejection": anomalies.rejection_interval(),
+        "raw_vs_distance_aware": frame_json(anomalies.confidence_table(off.name, near.name)),
+        "in_domain_calibration": frame_json(in_domain_calibration(model, splits["test"])),
         "poem": model.route(POEM, workflow="customer_service"),
+        "poem_raw_lowest_confidence": lowest_confidence(model.decide(POEM, workflow="customer_service", raw=True)),
         "seconds": time.perf_counter() - started,
         "commit": git_commit(),
     }
     Path(args.out, "calibration.json").write_text(json.dumps(result, indent=2, default=float))
     test_before, test_after = table.loc[("test", "before")], table.loc[("test", "after")]
     best = anomalies.separation(off.name)["AUROC"]
+    rejected = result["test_rejection"]
     print(f"test ECE (10 bins) {test_before['ece (10 bins)']:.4f} -> {test_after['ece (10 bins)']:.4f}, ECE of "
           f"confidence {test_after['ece of confidence (10 bins)']:.4f}, KL {test_after['kl']:.4f}; "
-          f"off-domain AUROC best {best.idxmax()} {best.max():.4f}, msp {best['msp']:.4f} -> {args.out}")
+          f"off-domain AUROC best {best.idxmax()} {best.max():.4f}, msp {best['msp']:.4f}; {router.score} threshold "
+          f"{router.threshold:.4f}: test sent to a human {rejected['share']:.2%} (90% bootstrap "
+          f"{rejected['low']:.2%}-{rejected['high']:.2%}) -> {args.out}")
     return 0
 
 

@@ -1,8 +1,12 @@
-"""Anomaly scores and routing: answer when the input looks like the training data, send it to a human otherwise.
+"""Anomaly scores, distance-aware answers and routing: answer when the input looks like the training data, send
+it to a human otherwise.
 
-A decision model always answers, even for a poem passed as an invoice. Four scores say how unusual an input is,
-each oriented so that higher means more anomalous:
+Linear heads answer a poem passed as an invoice as surely as a real invoice: confidence alone cannot tell (MSP is
+worse than a coin off-domain). A distance in feature space can. The scores below say how unusual an input is:
 
+- ``confidence``: the lowest ``confidence`` field of the case's answers, as clients receive them (low: route).
+  With a router fitted the answers are distance-aware (below), so this one number carries both the heads'
+  uncertainty and the distance; ``raw confidence`` is the same from the heads alone.
 - ``msp``: 1 - the smallest max-softmax probability over the case's questions (calibrated; Hendrycks & Gimpel,
   2017). The per-question values are kept too.
 - ``entropy``: the mean entropy of the answers, each divided by log(options) so 1 means uniform.
@@ -10,17 +14,24 @@ each oriented so that higher means more anomalous:
   heads have strong logits for.
 - ``mahalanobis``: the distance of the pooled feature to the training features of the same workflow (Lee et
   al., 2018): projected on the top principal directions of the training features, one mean per workflow and a
-  shared Ledoit-Wolf shrinkage covariance.
+  shared Ledoit-Wolf shrinkage covariance. ``in-domain`` is the weight it gives the heads (below).
 
-``fit_router(model, train, validation)`` fits the Mahalanobis statistics on the training split and sets a
-threshold on one score so that a target share of the validation split (5% by default) goes to a human; it is
-saved with the model. ``model.route(state)`` then answers with ``{"verdict": "answer" | "human", ...}``.
+Distance-aware answers. Past the distance of the farthest ``TAIL_SHARE`` of held-out real inputs, the weight
+w = exp(-(distance - reference) / scale) falls from 1 towards 0, ``scale`` being the mean excess of those farthest
+inputs (an exponential tail fitted to them). The model then answers w * heads + (1 - w) * the training prior, with
+confidence w * the heads' confidence (``DecisionModel._outputs``). Real inputs keep their answers (w = 1 for all but
+about ``TAIL_SHARE`` of them); a poem, 5x farther than any training case, answers the prior with confidence ~0.
+
+``fit_router(model, train, validation)`` fits the feature density on the training split, the tail and the threshold
+on held-out real inputs: the validation split and, on a frozen backbone, every train case scored by heads re-fitted
+without it (``CROSS_FIT_FOLDS`` folds), 1,200 cases instead of 80. The threshold sends a target share of them (5%)
+to a human. It is saved with the model; ``model.route(state)`` answers with ``{"verdict": "answer" | "human", ...}``.
 ``evaluate_scores`` compares in-domain and off-domain inputs: AUROC and the FPR at 95% TPR of every score.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +39,16 @@ import pandas as pd
 import torch
 
 from .data import DataError, Split, jsonl_rows, render_state
-from .heads import calibrated
+from .heads import HeadFit, HeadSet, calibrated, refit_heads
+from .metrics import gold_priors
 
-SCORES = ("msp", "entropy", "energy", "mahalanobis")
+SCORES = ("confidence", "raw confidence", "msp", "entropy", "energy", "mahalanobis")
+LOW_IS_ANOMALOUS = {"confidence", "raw confidence"}  # the other scores grow as inputs get stranger
 OFF_DOMAIN_DIR = Path(__file__).resolve().parent.parent / "data" / "off-domain"  # written for this project
 PCA_COMPONENTS = 128  # directions kept for the Mahalanobis distance: 2,304 raw dimensions vs 1,120 train cases
-TARGET_REJECTION = 0.05  # share of in-domain validation inputs a threshold sends to a human
+TARGET_REJECTION = 0.05  # share of held-out real inputs a threshold sends to a human
+TAIL_SHARE = 0.01  # the farthest share of held-out real inputs, past which answers lose confidence: ECE moves < 0.01
+CROSS_FIT_FOLDS = 10  # heads re-fitted on 90% of train score the other 10%: close to the final heads' confidence
 
 
 @dataclass
@@ -89,29 +104,46 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
 
 
 @torch.no_grad()
-def head_logits(model, features: torch.Tensor, workflows: list[str]) -> list[dict[str, torch.Tensor]]:
+def head_logits(heads: HeadSet, features: torch.Tensor, workflows: list[str]) -> list[dict[str, torch.Tensor]]:
     """Logits of every trained question of each input's workflow (a row of ``features`` per input)."""
     out: list[dict[str, torch.Tensor]] = [{} for _ in workflows]
     for workflow in sorted(set(workflows)):
         rows = [i for i, w in enumerate(workflows) if w == workflow]
-        for qid, z in model.heads(features[rows], workflow).items():
+        for qid, z in heads(features[rows], workflow).items():
             for j, i in enumerate(rows):
                 out[i][qid] = z[j].cpu()
     return out
 
 
-def output_scores(model, logits: dict[str, torch.Tensor], workflow: str) -> dict[str, float]:
-    """MSP (per question and the case's minimum), entropy and energy of one input's head outputs."""
+def lowest_confidence(answers: dict) -> float:
+    """The smallest ``confidence`` field over System One answers (choice and score answers carry one; answers to
+    yes/no questions alone fall back to their top probability, max(P(true), P(false)))."""
+    carried = [a["confidence"] for a in answers.values() if "confidence" in a]
+    return min(carried) if carried else min(max(a["noul"], 1 - a["noul"]) for a in answers.values())
+
+
+def output_scores(model, logits: dict[str, torch.Tensor], workflow: str, weight: float, priors: dict) -> dict:
+    """Confidence (the lowest of the answers, distance-aware at ``weight`` towards ``priors``, and raw), MSP (per
+    question and the case's minimum), entropy and energy of one input's head outputs. A workflow of yes/no questions
+    alone has no confidence field: there, ``weight`` times the lowest top probability stands in for it."""
     scores, msps, entropies, energies = {}, [], [], []
     for qid, z in logits.items():
-        t = model.temperatures.get(model.schema[workflow][qid].type, 1.0)
+        t = model.temperatures[model.schema[workflow][qid].type]
         p = calibrated(z, t)
         msps.append(float(p.max()))
         scores[f"msp:{qid}"] = msps[-1]
         entropies.append(float(-(p * torch.log(p.clamp_min(1e-12))).sum() / np.log(len(p))))
         energies.append(float(-t * torch.logsumexp(z / t, dim=-1)))
+    for name, w in (("confidence", weight), ("raw confidence", 1.0)):
+        carried = [c for _, c in model._outputs(logits, workflow, w, priors).values() if c is not None]
+        scores[name] = min(carried) if carried else w * min(msps)
     scores.update(msp=1 - min(msps), entropy=float(np.mean(entropies)), energy=float(np.mean(energies)))
     return scores
+
+
+def anomalous(score: str, values, threshold: float):
+    """True where ``values`` of ``score`` lie on the human side of ``threshold``."""
+    return np.asarray(values) < threshold if score in LOW_IS_ANOMALOUS else np.asarray(values) > threshold
 
 
 @dataclass
@@ -154,46 +186,102 @@ class FeatureDensity:
 
 @dataclass
 class Router:
-    """A threshold on one anomaly score, chosen on validation: above it, a human answers."""
+    """Where the training data ends (a feature density and its held-out tail), what the answers fall back to beyond
+    it, and a threshold on one score, chosen on held-out real inputs: past it, a human answers."""
 
     density: FeatureDensity
-    score: str = "mahalanobis"
-    threshold: float = float("inf")
-    rejection: float = TARGET_REJECTION  # the share of validation inputs the threshold sends to a human
+    priors: dict[str, dict[str, np.ndarray]]  # workflow -> question -> mean training gold: the far inputs' answer
+    reference: float = float("inf")  # distance of the farthest TAIL_SHARE of held-out real inputs
+    scale: float = 1.0  # their mean excess distance: the weight falls e-fold every ``scale`` past ``reference``
+    score: str = "confidence"
+    threshold: float = 0.0
+    rejection: float = TARGET_REJECTION  # the share of held-out real inputs the threshold sends to a human
+    fitted_on: dict = field(default_factory=dict)  # which held-out inputs set the tail and threshold, how many
 
-    def scores(self, model, features: torch.Tensor, workflows: list[str]) -> pd.DataFrame:
-        """Every anomaly score (and the per-question MSP) of a batch of inputs, one row each."""
-        rows = [output_scores(model, z, w) for z, w in zip(head_logits(model, features, workflows), workflows)]
-        frame = pd.DataFrame(rows)
-        frame["mahalanobis"] = self.density.distance(features.cpu().double().numpy(), workflows)
+    def in_domain(self, distances: np.ndarray) -> np.ndarray:
+        """The weight the heads keep at these distances: 1 up to ``reference``, then exp(-excess / scale)."""
+        return np.exp(-np.maximum(np.asarray(distances, dtype=float) - self.reference, 0.0) / self.scale)
+
+    def scores(self, model, features: torch.Tensor, workflows: list[str], heads: HeadSet | None = None,
+               density: FeatureDensity | None = None) -> pd.DataFrame:
+        """Every anomaly score (and the per-question MSP) of a batch of inputs, one row each. ``heads`` and
+        ``density`` replace the model's (for a fold of cross-fitting)."""
+        density = self.density if density is None else density
+        distances = density.distance(features.cpu().double().numpy(), workflows)
+        weights = self.in_domain(distances)
+        logits = head_logits(model.heads if heads is None else heads, features, workflows)
+        frame = pd.DataFrame([output_scores(model, z, w, float(v), self.priors)
+                              for z, w, v in zip(logits, workflows, weights)])
+        frame["mahalanobis"], frame["in-domain"] = distances, weights
         return frame
 
     def verdict(self, scores: dict[str, float]) -> dict:
         value = scores[self.score]
-        if value > self.threshold:
-            reason = (f"{self.score} score {value:.3f} is above the threshold {self.threshold:.3f} (set so that "
-                      f"{self.rejection:.0%} of validation inputs go to a human)")
+        side = "below" if self.score in LOW_IS_ANOMALOUS else "above"
+        if anomalous(self.score, value, self.threshold):
+            reason = (f"{self.score} {value:.3g} is {side} the threshold {self.threshold:.3g} (set so that "
+                      f"{self.rejection:.0%} of held-out real inputs go to a human)")
             return {"verdict": "human", "reason": reason}
-        return {"verdict": "answer", "reason": f"{self.score} score {value:.3f} is within the threshold "
-                                               f"{self.threshold:.3f}"}
+        return {"verdict": "answer", "reason": f"{self.score} {value:.3g} is not {side} the threshold "
+                                               f"{self.threshold:.3g}"}
 
     def config(self) -> dict:
-        return {"score": self.score, "threshold": self.threshold, "rejection": self.rejection}
+        return {"score": self.score, "threshold": self.threshold, "rejection": self.rejection,
+                "reference": self.reference, "scale": self.scale, "fitted_on": self.fitted_on,
+                "priors": {w: {q: p.tolist() for q, p in qs.items()} for w, qs in self.priors.items()}}
+
+    @classmethod
+    def from_saved(cls, config: dict, tensors: dict[str, torch.Tensor]) -> "Router":
+        priors = {w: {q: np.asarray(p, dtype=float) for q, p in qs.items()} for w, qs in config["priors"].items()}
+        return cls(FeatureDensity.from_tensors(tensors), priors,
+                   **{k: v for k, v in config.items() if k != "priors"})
 
 
-def fit_router(model, train: Split, validation: Split, score: str = "mahalanobis",
-               rejection: float = TARGET_REJECTION) -> Router:
-    """Fit the feature density on ``train``, set the threshold on ``validation``; attach it to ``model``."""
+def fit_router(model, train: Split, validation: Split, score: str = "confidence",
+               rejection: float = TARGET_REJECTION, folds: int = CROSS_FIT_FOLDS) -> Router:
+    """Fit the feature density and the priors on ``train``; the tail and the threshold on held-out real inputs
+    (``validation``, plus every train case cross-fitted when the backbone is frozen and the model knows how its heads
+    were fitted); attach the router to ``model``. Calibrate first: the confidence it routes on is the calibrated one."""
     if score not in SCORES:
         raise ValueError(f"score is {score!r}; expected one of {', '.join(SCORES)}")
     if not 0 < rejection < 1:
         raise ValueError(f"rejection is {rejection}; expected a share between 0 and 1")
-    density = FeatureDensity.fit(model.split_features(train).cpu().double().numpy(), train.case_workflows)
-    router = Router(density, score, rejection=rejection)
-    values = router.scores(model, model.split_features(validation), validation.case_workflows)[score]
-    router.threshold = float(np.quantile(values, 1 - rejection))
+    train_x = model.split_features(train)
+    density = FeatureDensity.fit(train_x.cpu().double().numpy(), train.case_workflows)
+    priors: dict[str, dict[str, np.ndarray]] = {}
+    for (workflow, qid), prior in gold_priors(train).items():
+        priors.setdefault(workflow, {})[qid] = prior
+    router = Router(density, priors, score=score, rejection=rejection)
+    valid_x = model.split_features(validation)
+    held = [(valid_x, validation.case_workflows, None, None)]  # features, workflows, heads, density
+    cross_fit = model.backbone.frozen and model.head_fit is not None and folds > 1
+    if cross_fit:
+        held += list(_cross_fitted(model, train, train_x, folds))
+    distances = np.concatenate([(density if d is None else d).distance(x.cpu().double().numpy(), w)
+                                for x, w, _, d in held])
+    router.reference = float(np.quantile(distances, 1 - TAIL_SHARE))
+    excess = distances[distances > router.reference] - router.reference
+    router.scale = float(excess.mean()) if len(excess) else float(distances.std() or 1.0)
+    values = pd.concat([router.scores(model, x, w, h, d)[score] for x, w, h, d in held], ignore_index=True)
+    router.threshold = float(np.quantile(values, rejection if score in LOW_IS_ANOMALOUS else 1 - rejection))
+    router.fitted_on = {"validation": len(validation), "cross-fitted train": len(train) if cross_fit else 0,
+                        "folds": folds if cross_fit else 0}
     model.router = router
     return router
+
+
+def _cross_fitted(model, train: Split, features: torch.Tensor, folds: int):
+    """For each of ``folds`` folds of ``train``: its features, workflows, heads fitted on the other folds (at the
+    L2 and steps the model's heads were fitted with) and the feature density of the other folds."""
+    fold = np.random.default_rng(0).permutation(len(train)) % folds
+    fit = HeadFit([], float("nan"), model.head_fit["l2"], model.head_fit["steps"])
+    for k in range(folds):
+        inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        rest = Split(f"{train.name} - fold {k}", [train[i] for i in inside], train.source)
+        heads = HeadSet(model.schema, features.shape[1]).to(features.device)
+        refit_heads(heads, rest, features[inside], fit, model.head_fit["lr"], model.head_fit["ordinal"])
+        density = FeatureDensity.fit(features[inside].cpu().double().numpy(), rest.case_workflows)
+        yield features[held], [train[i].workflow for i in held], heads.eval(), density
 
 
 @dataclass
@@ -216,23 +304,73 @@ class AnomalyReport:
         y = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
         rows = {}
         for s in SCORES:
-            values = np.r_[inside[s].to_numpy(), outside[s].to_numpy()]
-            keep_95 = np.quantile(inside[s], 0.95)
-            rows[s] = {"AUROC": roc_auc_score(y, values), "FPR at 95% TPR": float((outside[s] <= keep_95).mean())}
+            sign = -1.0 if s in LOW_IS_ANOMALOUS else 1.0  # oriented so that higher means stranger
+            values = sign * np.r_[inside[s].to_numpy(), outside[s].to_numpy()]
+            keep_95 = np.quantile(sign * inside[s], 0.95)
+            rows[s] = {"AUROC": roc_auc_score(y, values),
+                       "FPR at 95% TPR": float((sign * outside[s] <= keep_95).mean())}
         return pd.DataFrame.from_dict(rows, orient="index")
 
     def routed(self) -> pd.DataFrame:
         """The share of each set (and each kind) the saved threshold sends to a human."""
         frame = self.all_scores()
-        frame["human"] = frame[self.router.score] > self.router.threshold
+        frame["human"] = anomalous(self.router.score, frame[self.router.score], self.router.threshold)
         return frame.groupby(["set", "kind"])["human"].agg(["size", "mean"]).rename(
             columns={"size": "inputs", "mean": "sent to a human"})
 
+    def confidence_table(self, *others: str) -> pd.DataFrame:
+        """The heads alone (``raw confidence``) against the distance-aware answers (``confidence``), both at the
+        router's one threshold on confidence: AUROC against each set of ``others``, the share of each sent to a
+        human, and the share of in-domain inputs answered."""
+        rows = {}
+        for label, s in (("heads alone (raw confidence)", "raw confidence"), ("distance-aware (confidence)",
+                                                                              "confidence")):
+            inside = self.frames[self.in_domain][s]
+            row = {f"{o} AUROC": self.separation(o).loc[s, "AUROC"] for o in others}
+            row.update({f"{o} sent to a human": float((self.frames[o][s] < self.router.threshold).mean())
+                        for o in others})
+            row[f"{self.in_domain} answered"] = float((inside >= self.router.threshold).mean())
+            rows[label] = row
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def rejection_interval(self, level: float = 0.9, draws: int = 2000, seed: int = 0) -> dict[str, float]:
+        """The share of in-domain inputs the threshold sends to a human, and a bootstrap interval over those
+        inputs: how far from the target it may land by the draw of the set alone."""
+        human = anomalous(self.router.score, self.frames[self.in_domain][self.router.score], self.router.threshold)
+        rng = np.random.default_rng(seed)
+        shares = rng.choice(human, (draws, len(human))).mean(axis=1)
+        lo, hi = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
+        return {"share": float(human.mean()), "low": float(lo), "high": float(hi), "level": level,
+                "target": self.router.rejection}
+
     def figure(self, score: str | None = None):
+        """The spread of ``score`` (default: the router's) per set, with the threshold when it is the router's."""
         from .plots import score_distributions
 
-        return score_distributions(self.all_scores(), score or self.router.score, self.router.threshold
-                                   if (score or self.router.score) == self.router.score else None)
+        score = score or self.router.score
+        threshold = self.router.threshold if score == self.router.score else None
+        return score_distributions(self.all_scores(), score, threshold, human_below=score in LOW_IS_ANOMALOUS)
+
+
+def routing_table(model, states: dict[str, object], workflow: str) -> pd.DataFrame:
+    """One row per named state: the lowest confidence of the heads alone and of the distance-aware answers, the
+    distance, the weight it leaves the heads, and the router's verdict."""
+    rows = {}
+    for name, state in states.items():
+        routed = model.route(state, workflow=workflow)
+        rows[name] = {**{k: routed["scores"][k] for k in ("raw confidence", "confidence", "mahalanobis", "in-domain")},
+                      "verdict": routed["verdict"]}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def in_domain_calibration(model, cases: Split) -> pd.DataFrame:
+    """Accuracy, KL, Brier and ECE on ``cases`` of the heads alone and of the distance-aware answers: what the
+    distance costs real inputs."""
+    from .metrics import score
+
+    rows = {label: score(cases, *model.outputs(cases, raw=raw)).overall()
+            for label, raw in (("heads alone", True), ("distance-aware", False))}
+    return pd.DataFrame.from_dict(rows, orient="index")[["accuracy", "kl", "brier", "ece", "ece_confidence"]]
 
 
 def evaluate_scores(model, in_domain: Split, *others: Inputs) -> AnomalyReport:

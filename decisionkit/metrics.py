@@ -122,8 +122,8 @@ def uniform_predictions(cases: Split) -> list[dict[str, np.ndarray]]:
     return [{qid: np.full(len(q.options), 1 / len(q.options)) for qid, q in c.questions.items()} for c in cases]
 
 
-def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]:
-    """The mean gold distribution of each (workflow, question) on ``train``: the benchmark's "prior" row."""
+def gold_priors(train: Split) -> dict[tuple[str, str], np.ndarray]:
+    """The mean gold distribution of each (workflow, question) on ``train``: what is known before reading a state."""
     sums: dict[tuple[str, str], np.ndarray] = {}
     counts: dict[tuple[str, str], int] = {}
     for case in train:
@@ -131,4 +131,10 @@ def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]
             key = (case.workflow, qid)
             sums[key] = sums.get(key, 0) + gold.probabilities
             counts[key] = counts.get(key, 0) + 1
-    return [{qid: sums[(c.workflow, qid)] / counts[(c.workflow, qid)] for qid in c.questions} for c in cases]
+    return {key: total / counts[key] for key, total in sums.items()}
+
+
+def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]:
+    """The training prior of each (workflow, question) for every case: the benchmark's "prior" row."""
+    priors = gold_priors(train)
+    return [{qid: priors[(c.workflow, qid)] for qid in c.questions} for c in cases]

@@ -8,7 +8,10 @@ questions and formats the answers):
 - score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "legend": {"0": criterion},
   "probabilities": {"0": p}}``
 
-``model.route(state)`` adds a verdict ("answer" or "human") from the anomaly threshold saved with the model.
+With a router fitted (``anomaly.fit_router``), the probabilities and confidence take the input's distance from the
+training data into account: an input far from every training case answers with the training prior and a confidence
+near 0, so a threshold on ``confidence`` alone sends it to a human (``decide(..., raw=True)``: the heads alone).
+``model.route(state)`` adds the router's verdict ("answer" or "human") and the scores behind it.
 ``model.decide_many(requests)`` answers many requests with one padded forward pass per batch of similar lengths.
 
 ``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
@@ -24,6 +27,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,7 +41,7 @@ from . import __version__, systemone
 from .backbone import Backbone, LoraSettings, add_lora, load_backbone, weights_sha256
 from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
 from .features import default_layers, extract_features, hidden_states, tokenize
-from .heads import HeadSet, predict
+from .heads import HeadSet, calibrated, targets
 from .pooling import pool
 from .systemone import QuestionError, answer  # noqa: F401 (QuestionError is part of this module's interface)
 
@@ -97,7 +101,10 @@ class DecisionModel(nn.Module):
         # For the ``confidence`` of choice and score answers, when fitted apart (to correctness, while the
         # probabilities follow the gold distribution); None: the confidence is the top probability.
         self.confidence_temperatures: dict[str, float] | None = None
-        self.router = None  # anomaly.Router: the threshold that sends unusual inputs to a human
+        self.router = None  # anomaly.Router: distance-aware answers and the threshold that sends inputs to a human
+        # How stage 1 fitted the heads ({"l2", "steps", "lr", "ordinal"}): on a frozen backbone, fit_router re-fits
+        # them on folds of train to see the confidence of cases they were not fitted on.
+        self.head_fit: dict | None = None
         self.tuned = False  # True once every backbone weight has trained: saving then writes the backbone too
         self.base: dict | None = None  # for a loaded tuned model: the name and hash of the backbone it came from
         self.to(backbone.device)
@@ -150,51 +157,82 @@ class DecisionModel(nn.Module):
 
     # ----- answers --------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def predict(self, cases: Split) -> list[dict[str, np.ndarray]]:
-        """Calibrated probabilities per case and question, in option order (what ``metrics.score`` takes)."""
-        return predict(self.heads, self.split_features(cases), cases, self.temperatures)
+    def outputs(self, cases: Split, raw: bool = False) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
+        """Per case and question, the probabilities (in option order) and the ``confidence`` field that ``decide``
+        answers with: what ``metrics.score`` takes. ``raw=True``: the calibrated heads alone, without the
+        distance-awareness a fitted router adds (see ``anomaly``)."""
+        features = self.split_features(cases)
+        weights = self.in_domain(features, cases.case_workflows, raw)
+        probabilities: list[dict[str, np.ndarray]] = [{} for _ in cases]
+        confidences: list[dict[str, float]] = [{} for _ in cases]
+        for workflow, rows in targets(cases).rows.items():
+            logits = self.heads(features[rows.to(features.device)], workflow)
+            for j, i in enumerate(rows.tolist()):
+                for qid, (p, c) in self._outputs({q: z[j] for q, z in logits.items()}, workflow, weights[i]).items():
+                    probabilities[i][qid] = p
+                    if c is not None:
+                        confidences[i][qid] = c
+        return probabilities, confidences
 
-    def answer_confidence(self, qtype: str, probs: np.ndarray) -> float:
-        """The ``confidence`` a choice or score answer reports: the top probability, re-tempered when a confidence
-        temperature was fitted apart. Exact from the probabilities: softmax(z / Tc) = softmax(log p * Tp / Tc)."""
-        if not self.confidence_temperatures:
-            return float(np.max(probs))
-        ratio = self.temperatures[qtype] / self.confidence_temperatures[qtype]
-        logits = np.log(np.maximum(np.asarray(probs, dtype=np.float64), 1e-300)) * ratio
-        return float(1.0 / np.exp(logits - logits.max()).sum())
+    def predict(self, cases: Split, raw: bool = False) -> list[dict[str, np.ndarray]]:
+        """The probabilities of ``outputs``."""
+        return self.outputs(cases, raw)[0]
 
-    def confidences(self, cases: Split, predictions: list[dict[str, np.ndarray]]) -> list[dict[str, float]]:
-        """The answers' ``confidence`` fields for ``predictions`` of ``cases`` (what ``metrics.score`` takes)."""
-        return [{qid: self.answer_confidence(q.type, predicted[qid]) for qid, q in case.questions.items()
-                 if q.type != "noul"} for case, predicted in zip(cases, predictions)]
+    def in_domain(self, features: torch.Tensor, workflows: list[str], raw: bool = False) -> np.ndarray:
+        """Per row of ``features``, the weight the heads' answers keep: 1 inside the range of the training features,
+        falling towards 0 beyond it (``anomaly.Router.in_domain``); all 1 without a router or with ``raw``."""
+        if raw or self.router is None:
+            return np.ones(len(workflows))
+        return self.router.in_domain(self.router.density.distance(features.cpu().double().numpy(), workflows))
 
-    def _answers(self, features: torch.Tensor, workflow: str, questions: dict[str, Question]) -> dict[str, dict]:
-        """System One answers to ``questions`` from one row of features."""
-        probs = self.heads.probabilities(features, workflow, list(questions), self.temperatures)
+    def _outputs(self, logits: dict[str, torch.Tensor], workflow: str, weight: float = 1.0,
+                 priors: dict | None = None) -> dict[str, tuple]:
+        """``(probabilities, confidence)`` per question from one input's head logits. With ``weight`` w < 1 (an
+        input far from the training data), the probabilities become w * heads + (1 - w) * the training prior, and
+        the confidence (the chance the answer is right) w * the heads' confidence in that answer: an input unlike
+        any the heads were fitted on has no answer they know to be right. A noul answer has no confidence field.
+        ``priors`` (workflow -> question -> distribution): the router's unless given."""
         out = {}
-        for qid, q in questions.items():
-            p = probs[qid][0].cpu().numpy()
-            out[qid] = answer(q, p, self.answer_confidence(q.type, p))
+        for qid, z in logits.items():
+            q = self.schema[workflow][qid]
+            p = calibrated(z, self.temperatures[q.type]).double().cpu().numpy()
+            sure = p if not self.confidence_temperatures else (
+                calibrated(z, self.confidence_temperatures[q.type]).double().cpu().numpy())
+            if weight < 1:
+                p = weight * p + (1 - weight) * (self.router.priors if priors is None else priors)[workflow][qid]
+            out[qid] = (p, None if q.type == "noul" else float(weight * sure[int(np.argmax(p))]))
         return out
 
-    def _read(self, state: Any, questions: dict | None, workflow: str | None):
+    def _answers(self, features: torch.Tensor, workflow: str, questions: dict[str, Question],
+                 raw: bool = False) -> dict[str, dict]:
+        """System One answers to ``questions`` from one row of features."""
+        weight = self.in_domain(features, [workflow], raw)[0]
+        logits = self.heads(features, workflow, list(questions))
+        parts = self._outputs({qid: z[0] for qid, z in logits.items()}, workflow, weight)
+        return {qid: answer(q, *parts[qid]) for qid, q in questions.items()}
+
+    def _read(self, state: Any, questions: dict | None, workflow: str | None, raw: bool = False):
         workflow, asked = systemone.check(self.schema, questions, workflow)
         features = self([render_state(state, workflow)])
-        return workflow, features, self._answers(features, workflow, asked)
+        return workflow, features, self._answers(features, workflow, asked, raw)
 
     @torch.inference_mode()
-    def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict[str, dict]:
-        """Answer ``questions`` (System One shape; default: every trained question) about ``state``. A state longer
+    def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
+               raw: bool = False) -> dict[str, dict]:
+        """Answer ``questions`` (System One shape; default: every trained question) about ``state``. With a router,
+        the answers are distance-aware (``_outputs``); ``raw=True`` gives the calibrated heads alone. A state longer
         than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it instead
         (422 on field 'state'), since a client cannot see the cut."""
-        return self._read(state, questions, workflow)[2]
+        return self._read(state, questions, workflow, raw)[2]
 
     @torch.inference_mode()
-    def route(self, state: Any, questions: dict | None = None, workflow: str | None = None) -> dict:
+    def route(self, state: Any, questions: dict | None = None, workflow: str | None = None,
+              raw: bool = False) -> dict:
         """``decide`` plus a routing verdict: ``{"answers", "verdict": "answer" | "human", "reason", "scores"}``.
-        The scores cover every trained question of the workflow, as when the threshold was set."""
+        The scores cover every trained question of the workflow, as when the threshold was set; the verdict does
+        not depend on ``raw``, which only changes the answers shown."""
         self._require_router()
-        return self._routed(*self._read(state, questions, workflow))
+        return self._routed(*self._read(state, questions, workflow, raw))
 
     def _require_router(self) -> None:
         if self.router is None:
@@ -242,6 +280,7 @@ class DecisionModel(nn.Module):
             "schema": _schema_to_json(self.schema),
             "temperatures": dict(self.temperatures),
             "confidence_temperatures": self.confidence_temperatures,
+            "head_fit": self.head_fit,
             "router": self.router.config() if self.router is not None else None,
         }
 
@@ -337,10 +376,13 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     model.load_trained(path)
     model.temperatures.update(config["temperatures"])
     model.confidence_temperatures = config.get("confidence_temperatures")
-    if config.get("router"):
-        from .anomaly import FeatureDensity, Router
+    model.head_fit = config.get("head_fit")
+    if config.get("router") and "priors" not in config["router"]:
+        warnings.warn(f"{config_path}: the routing threshold was fitted by an older decisionkit (no distance-aware "
+                      f"answers); it is left out. Fit it again with decisionkit.anomaly.fit_router and save the model")
+    elif config.get("router"):
+        from .anomaly import Router
 
-        density = FeatureDensity.from_tensors(load_file(str(path / HEADS_FILE)))
-        model.router = Router(density, **config["router"])
+        model.router = Router.from_saved(config["router"], load_file(str(path / HEADS_FILE)))
     return model.eval()
 

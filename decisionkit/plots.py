@@ -128,12 +128,14 @@ def risk_coverage_curve(curves: dict, title: str = "Risk-coverage") -> go.Figure
                              yaxis_title="accuracy of the answered decisions", yaxis_range=[0, 1])
 
 
-def score_distributions(scores, score: str, threshold: float | None = None) -> go.Figure:
-    """One anomaly score's spread per set of inputs (in-domain, off-domain, near-domain), with the threshold."""
+def score_distributions(scores, score: str, threshold: float | None = None, human_below: bool = False) -> go.Figure:
+    """One anomaly score's spread per set of inputs (in-domain, off-domain, near-domain), with the threshold;
+    ``human_below``: inputs below it (rather than above) go to a human."""
     fig = px.violin(scores, x="set", y=score, color="set", box=True, points="all", hover_data=["id", "kind"],
                     template=TEMPLATE, title=f"Anomaly score '{score}' by input set")
     if threshold is not None:
-        fig.add_hline(y=threshold, line_dash="dash", annotation_text="threshold: above goes to a human")
+        fig.add_hline(y=threshold, line_dash="dash",
+                      annotation_text=f"threshold: {'below' if human_below else 'above'} goes to a human")
     return fig.update_layout(showlegend=False)
 
 

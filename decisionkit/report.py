@@ -94,6 +94,8 @@ class RunReport:
             lines.append(f"{name:<34} accuracy {row['accuracy']:.3f}  KL {row['kl']:.3f}  "
                          f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}  ECE of confidence "
                          f"{row['ece_confidence']:.3f}")
+        if "threshold" in self.routing:
+            lines.append(f"routing    {self.routing['score']} threshold {self.routing['threshold']:.3g}")
         lines += [f"routing    {k} {v:.1%}" for k, v in self.routing.items() if k.endswith("sent to a human")]
         return "\n".join(lines)
 
@@ -164,7 +166,8 @@ def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None =
 def run_report(preset_name: str, out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
                progress: bool = True, reuse: bool = False, route: bool = True) -> "RunReport":
     """A run, end to end: train preset ``preset_name`` into ``out``, calibrate on validation (probabilities to the soft
-    gold, confidence to the answer), fit the routing threshold (typed-decisions), score validation and test (and
+    gold, confidence to the answer), fit the router (typed-decisions), score validation and test as the saved model
+    answers them (distance-aware with a router; the heads alone are in the calibration table), and
     zero-shot on ``zero_shot`` validation cases per workflow), save the model and its report. With ``reuse``, a
     folder that already holds a report is read instead of trained again (notebooks show saved full runs);
     ``route=False`` skips the routing threshold (a pass over every train case for a fine-tuned model)."""
@@ -190,7 +193,10 @@ def run_report(preset_name: str, out: str | Path, data_dir=None, zero_shot: int 
         sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
             lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
         routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
-                   **{f"{name} sent to a human": share for name, share in sent.items()}}
+                   "fitted on": router.fitted_on, "reference distance": router.reference,
+                   "distance scale": router.scale, **{f"{name} sent to a human": share for name, share in sent.items()}}
+        # What the saved model answers now: distance-aware (the heads alone stay in the calibration table).
+        scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
     model.save(out)
     baselines = {}
     if zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask

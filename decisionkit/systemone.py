@@ -16,7 +16,9 @@ and a response ``{"model", "answers": {name: answer}, "usage": {"input_tokens", 
 
 Two optional fields are decisionkit's own: ``workflow`` in the request, for a model trained on several workflows
 when the questions alone do not tell which (the SDK sends it with ``extra_body={"workflow": ...}``), and
-``routing`` (``{"verdict", "reason", "scores"}``) in the response of a model that carries a routing threshold.
+``routing`` (``{"verdict", "reason", "scores"}``) in the response of a model that carries a router. Such a model's
+answers are distance-aware already (``anomaly``): far from the training data, every ``confidence`` falls towards 0,
+so a client that reads only the contract's fields routes on ``confidence`` alone; ``routing`` says why.
 Unknown fields are refused, so a misspelt one is named instead of ignored. A refusal is status 422 with
 ``{"detail": [{"loc", "msg", "type", "input"}]}``, ``loc`` naming the field.
 
@@ -157,9 +159,12 @@ class Usage(Contract):
 
 
 class Routing(Contract):
-    verdict: Literal["answer", "human"]
-    reason: str
-    scores: dict[str, float]
+    verdict: Literal["answer", "human"] = Field(description="The router's verdict: answer, or send to a human.")
+    reason: str = Field(description="Which score decided, against which threshold.")
+    scores: dict[str, float] = Field(description="Every anomaly score: confidence (the lowest of the answers), "
+                                                 "raw confidence (the heads alone), msp, entropy, energy, "
+                                                 "mahalanobis (the distance to the training features) and "
+                                                 "in-domain (the weight the heads' answers kept, 0 to 1).")
 
 
 class SystemOneResponse(Contract):

@@ -243,6 +243,7 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
              "validation cases": len(validation), "feature extraction (s)": round(extraction, 1),
              **backbone.precision.describe()}
     if p.mode == "heads":
+        model.head_fit = {"l2": fit.l2, "steps": fit.step, "lr": p.head_lr, "ordinal": p.ordinal}
         if p.dev_per_workflow:  # the choice is made: fit again on every training case
             train_x = model.normalize_fitted(torch.stack(list(raw.values())))
             refit_heads(model.heads, pool, train_x, fit, p.head_lr, p.ordinal)
@@ -409,5 +410,4 @@ def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: s
 
     model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
     cases = load_split(dataset, split, data_dir)
-    predictions = model.predict(cases)
-    return score(cases, predictions, model.confidences(cases, predictions))
+    return score(cases, *model.outputs(cases))

@@ -5,9 +5,11 @@ import pandas as pd
 import pytest
 
 import decisionkit
-from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, FeatureDensity, Inputs, evaluate_scores, fit_router,
-                                 load_inputs)
+from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, FeatureDensity, Inputs, _cross_fitted, anomalous,
+                                 evaluate_scores, fit_router, load_inputs, lowest_confidence)
 from decisionkit.data import DataError
+from decisionkit.heads import batch_loss, targets
+from decisionkit.metrics import gold_priors
 
 POEM = "autumn wind through golden leaves under the moon"
 
@@ -58,11 +60,87 @@ def routed(quick_model, splits):
     return model, router, validation
 
 
-def test_threshold_rejects_the_target_share_of_validation(routed):
-    model, router, validation = routed
+def test_threshold_rejects_the_target_share_of_held_out_inputs(quick_model, splits):
+    model = decisionkit.load(quick_model[0])
+    validation = splits["validation"].head(10)
+    router = fit_router(model, splits["train"].head(10), validation, rejection=0.1, folds=1)  # validation only
+    assert router.fitted_on == {"validation": 40, "cross-fitted train": 0, "folds": 0}
     values = router.scores(model, model.split_features(validation), validation.case_workflows)[router.score]
-    assert (values > router.threshold).mean() <= 0.1
-    assert (values >= router.threshold).mean() >= 0.1 - 1 / len(validation)
+    assert anomalous(router.score, values, router.threshold).mean() <= 0.1  # low confidence goes to a human
+    assert (values <= router.threshold).mean() >= 0.1
+
+
+def test_the_default_router_also_holds_out_every_train_case(routed):
+    _, router, _ = routed
+    assert router.fitted_on == {"validation": 40, "cross-fitted train": 40, "folds": 10}
+    assert router.score == "confidence" and np.isfinite(router.reference) and router.scale > 0
+
+
+def test_cross_fitted_heads_never_saw_the_cases_they_score(quick_model, splits):
+    model = decisionkit.load(quick_model[0])
+    model.head_fit = {**model.head_fit, "steps": 60}  # enough steps to fit the other folds closely
+    train = splits["train"].head(10)
+    x = model.split_features(train)
+    seen, held_loss, fit_loss = [], [], []
+    for k, (features, workflows, heads, density) in enumerate(_cross_fitted(model, train, x, folds=4)):
+        rows = [i for i in range(len(train)) if any(torch_equal(x[i], f) for f in features)]
+        seen += rows
+        rest = [i for i in range(len(train)) if i not in rows]
+        held_loss.append(batch_loss(heads, features, targets(train, rows)).item())
+        fit_loss.append(batch_loss(heads, x[rest], targets(train, rest)).item())
+        assert set(density.centres) == set(train.workflows) >= set(workflows) and len(density.mean) == x.shape[1]
+    assert sorted(seen) == list(range(len(train)))  # every train case held out exactly once
+    assert np.mean(held_loss) > np.mean(fit_loss)
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())
+
+
+def test_answers_lose_weight_with_distance(routed, splits):
+    model, router, _ = routed
+    assert router.in_domain([router.reference - 1, router.reference, router.reference + router.scale]) == \
+        pytest.approx([1.0, 1.0, np.exp(-1)])
+    case = splits["validation"][0]
+    inside = model.route(case.state, workflow=case.workflow)
+    if inside["scores"]["in-domain"] == 1.0:  # real inputs within the reference distance keep the heads' answers
+        assert inside["answers"] == model.decide(case.state, workflow=case.workflow, raw=True)
+
+
+def test_a_far_input_answers_the_training_prior_with_no_confidence(routed, splits):
+    model, router, _ = routed
+    far = model.route(POEM, workflow="customer_service")
+    raw = model.decide(POEM, workflow="customer_service", raw=True)
+    weight = far["scores"]["in-domain"]
+    assert far["scores"]["mahalanobis"] > router.reference and weight < 1e-6
+    assert far["verdict"] == "human" and lowest_confidence(far["answers"]) < router.threshold
+    priors = gold_priors(splits["train"].head(10))
+    for qid, a in far["answers"].items():
+        options = model.schema["customer_service"][qid].options
+        prior = dict(zip(options, priors[("customer_service", qid)]))
+        heads = raw[qid].get("probabilities") or {"true": raw[qid]["noul"]}
+        got = a.get("probabilities") or {"true": a["noul"]}
+        assert got == pytest.approx({o: weight * heads[o] + (1 - weight) * prior[o] for o in got}, abs=1e-9)
+        if "confidence" in a:
+            assert a["confidence"] == pytest.approx(weight * raw[qid]["confidence"], rel=1e-6, abs=1e-300)
+
+
+def test_halfway_out_the_answer_is_half_heads_half_prior(routed):
+    model, router, _ = routed
+    far = model.route(POEM, workflow="customer_service")
+    saved = router.reference
+    try:
+        router.reference = far["scores"]["mahalanobis"] - router.scale * np.log(2)  # weight 1/2 for the poem
+        half = model.route(POEM, workflow="customer_service")
+    finally:
+        router.reference = saved
+    raw = model.decide(POEM, workflow="customer_service", raw=True)
+    assert half["scores"]["in-domain"] == pytest.approx(0.5)
+    a, r = half["answers"]["category"], raw["category"]
+    prior = far["answers"]["category"]["probabilities"]  # the far answer is the prior
+    for option, p in a["probabilities"].items():
+        assert p == pytest.approx(0.5 * r["probabilities"][option] + 0.5 * prior[option], abs=1e-6)
+    assert a["confidence"] == pytest.approx(0.5 * r["confidence"], rel=1e-6)  # same top option here
 
 
 def test_route_answers_and_scores_a_poem(routed, splits):
@@ -80,9 +158,11 @@ def test_route_answers_and_scores_a_poem(routed, splits):
 def test_router_is_saved_with_the_model(routed, tmp_path):
     model, router, _ = routed
     reopened = decisionkit.load(model.save(tmp_path / "routed"))
-    assert reopened.router.threshold == pytest.approx(router.threshold)
-    assert reopened.route(POEM, workflow="customer_service")["scores"]["mahalanobis"] == pytest.approx(
-        model.route(POEM, workflow="customer_service")["scores"]["mahalanobis"], rel=1e-4)
+    assert reopened.router.config() == router.config()  # threshold, tail, priors, what it was fitted on
+    again, first = (m.route(POEM, workflow="customer_service") for m in (reopened, model))
+    assert again["scores"]["mahalanobis"] == pytest.approx(first["scores"]["mahalanobis"], rel=1e-4)
+    assert again["answers"]["category"]["probabilities"] == pytest.approx(
+        first["answers"]["category"]["probabilities"], abs=1e-6)
 
 
 def test_a_model_without_router_says_how_to_get_one(quick_model):
@@ -102,6 +182,13 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
     routed_table = report.routed()
     assert isinstance(routed_table, pd.DataFrame) and routed_table["inputs"].sum() == 8 + 3
     assert len(report.figure().data) == 2
+
+
+def test_lowest_confidence_reads_the_confidence_fields():
+    answers = {"a": {"type": "noul", "noul": 0.5}, "b": {"type": "choice", "confidence": 0.7},
+               "c": {"type": "score", "confidence": 0.4}}
+    assert lowest_confidence(answers) == 0.4  # a noul answer has no confidence field: P(true) = 0.5 is not one
+    assert lowest_confidence({"a": {"type": "noul", "noul": 0.2}, "b": {"type": "noul", "noul": 0.7}}) == 0.7
 
 
 def test_per_kind_sample_keeps_every_kind():

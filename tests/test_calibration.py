@@ -121,8 +121,7 @@ def test_both_targets_fit_probabilities_and_confidence_apart(quick_model, splits
         assert answers[qid]["confidence"] == pytest.approx(expected, abs=1e-5)
         assert max(answers[qid]["probabilities"].values()) == pytest.approx(probs[qid].max(), abs=1e-5)
     after = report.scores[("validation", "after")]
-    confidences = model.confidences(validation, model.predict(validation))
-    assert after.confidence_ece() == pytest.approx(score(validation, model.predict(validation), confidences)
-                                                   .confidence_ece(), abs=1e-6)
+    assert after.confidence_ece() == pytest.approx(score(validation, *model.outputs(validation)).confidence_ece(),
+                                                   abs=1e-6)
     with pytest.raises(ValueError, match="expected one of both, label, distribution"):
         calibrate(model, validation, target="answer")

@@ -17,6 +17,8 @@ import pytest
 import typesafe_sdk as sdk
 from fastapi import FastAPI
 
+import decisionkit
+from decisionkit.anomaly import fit_router
 from decisionkit.cli import build_parser, main
 from decisionkit.serve import ENDPOINT, InFlightLimit, Limits, launch, load_test
 
@@ -207,6 +209,24 @@ def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
         "gzip body": (http_request(b"\x1f\x8b", headers={"Content-Encoding": "gzip"}), 415, None),
         "zstd body that is not zstd": (http_request(b"not zstd", headers={"Content-Encoding": "zstd"}), 400, None),
     }
+
+
+def test_a_poem_reaches_an_sdk_client_with_confidence_below_the_routing_threshold(quick_model, splits, tmp_path):
+    model = decisionkit.load(quick_model[0])
+    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10))
+    path = model.save(tmp_path / "routed")
+    poem = "autumn wind through golden leaves under the moon"
+    asked = {q: x.to_json() for q, x in model.schema["customer_service"].items()}
+    with launch([path], log=tmp_path / "serve.log") as server:
+        with client(server, path.name) as sdk_client:  # what every System One client reads: the answers alone
+            result = sdk_client.system_one(state=poem, questions={
+                q: getattr(sdk, x["type"].capitalize())(**x) for q, x in asked.items()})
+        raw = httpx.post(server.url + ENDPOINT, json={"model": path.name, "state": poem, "questions": asked},
+                         timeout=SDK_TIMEOUT).json()
+    confidences = [a.confidence for a in result.answers.values() if a.type != "noul"]
+    assert len(confidences) == 4 and max(confidences) < router.threshold
+    assert_matches(result, model.decide(poem, asked))
+    assert raw["routing"]["verdict"] == "human" and raw["routing"]["scores"]["in-domain"] < 1e-6  # the extra field
 
 
 def test_every_bad_request_gets_a_json_4xx_and_the_server_keeps_answering(served, cases):
