@@ -1,11 +1,19 @@
-"""The A/B latency lab in one run: decision forward pass vs generated JSON, head scaling, speed-ups; JSON out.
+"""The A/B latency lab in one run: the decision model against constrained, scored and free generation on the same
+backbone, head scaling, and every way to run the decision pass faster; JSON out.
 
-    .venv/bin/python benchmarks/latency_lab.py --model runs/bench-cpu-heads --out runs/latency --per-workflow 5
+    .venv/bin/python benchmarks/latency_lab.py --model runs/bench-cpu-heads-15 --out runs/latency --per-workflow 3
 
-Writes ``<out>/latency.json``: per-request medians and percentiles of both sides on the same test cases, the
-speed ratio (generative median at the largest budget / decision median), JSON validity and accuracy, the fitted
-cost per extra question (shared-encoding heads vs one prompt per question), cold start, a state-length sweep,
-and the CPU speed-up variants (int8, torch.compile) with their accuracy on the validation split.
+Writes ``<out>/latency.json``:
+- ``ab``: per method (decision model, option scoring by log-probability, JSON constrained to the answers' schema
+  with llguidance, free JSON at each budget) p50 / p95 / p99 latency, time to first token, validity, accuracy, KL
+  and ECE where a method gives probabilities, and each p50 over the decision model's, overall and per workflow,
+  on the same test cases; the ratios come from this one run;
+- ``speed``: float32 and bfloat16 at batch 1, bfloat16 at batch 4 and 16, dynamic int8 (torch) and ONNX Runtime
+  int8 with heads re-fitted on their own train features, ONNX Runtime float32, and the MiniLM encoder with its own
+  heads (trained here, heads only): median and p95 ms per case, cases/s, accuracy and KL on ``--speed-cases`` test
+  cases per workflow, the speed-up over float32 batch 1, and the arithmetic floor from the backbone's shapes and
+  this CPU's measured matmul rate;
+- the fitted cost per extra question (shared-encoding heads vs one prompt per question), cold start, a length sweep.
 """
 
 from __future__ import annotations
@@ -13,58 +21,73 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.generative import generative_baseline
-from decisionkit.latency import (SPEED_VARIANTS, cold_start, decision_timings, head_scaling, length_sweep,
-                                 naive_scaling, speed_variants)
+from decisionkit.backbone import ENCODER_BACKBONE
+from decisionkit.generative import ab_test
+from decisionkit.latency import (SPEED_VARIANTS, cold_start, hardware, head_scaling, length_sweep, naive_scaling,
+                                 speed_table)
+from decisionkit.precision import choose
 from decisionkit.report import git_commit
+
+
+def frame_json(frame) -> dict:
+    return json.loads(frame.to_json(orient="index"))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="folder of a trained decision model")
+    parser.add_argument("--model", required=True, help="folder of a trained decision model (heads on SmolLM2)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--data", default=None)
-    parser.add_argument("--per-workflow", type=int, default=5, help="test cases per workflow for the A/B")
-    parser.add_argument("--budgets", type=int, nargs="+", default=[64, 256], help="generation token budgets")
+    parser.add_argument("--per-workflow", type=int, default=3, help="test cases per workflow for the A/B")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[64, 256], help="free generation token budgets")
+    parser.add_argument("--constrained-budget", type=int, default=96, help="token budget of constrained decoding")
+    parser.add_argument("--speed-cases", type=int, default=50, help="test cases per workflow for the speed table")
     parser.add_argument("--variants", nargs="+", default=list(SPEED_VARIANTS), choices=list(SPEED_VARIANTS))
+    parser.add_argument("--no-encoder", action="store_true", help="leave the MiniLM row out")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     test = dk.load_typed_decisions("test", args.data)
+    train = dk.load_typed_decisions("train", args.data)
     cold = cold_start(args.model, test[0])
     model = dk.load(args.model)
     cases = test.head(args.per_workflow)
-    decision = decision_timings(model, cases)
-    generative = generative_baseline(model.backbone, cases, budgets=tuple(args.budgets), progress=False)
-    decision_ms = decision["tokenize + forward + heads"].median
-    gen_table = generative.table()
+    ab = ab_test(model, cases, tuple(args.budgets), args.constrained_budget, progress=False)
     heads, encode_ms = head_scaling(model, cases[0].text)
     naive = naive_scaling(model.backbone, cases[0], max_length=model.spec.max_length)
-    validation = dk.load_typed_decisions("validation", args.data)
-    variants = speed_variants(model, validation, args.variants)
+    encoder = None
+    if not args.no_encoder:
+        dk.train(dk.preset("cpu-heads", backbone=ENCODER_BACKBONE), out / "encoder-heads", args.data, progress=False)
+        encoder = dk.load(out / "encoder-heads")
+    encoder_heads = head_scaling(encoder, cases[0].text) if encoder is not None else None
+    speed = speed_table(model, test.head(args.speed_cases), train, args.variants, encoder_model=encoder)
+    table = ab.table()
     result = {
-        "model": args.model, "cases": len(cases), "hardware": decision.hardware, "commit": git_commit(),
-        "decision": decision.table().to_dict(orient="index"),
-        "generative": gen_table.to_dict(orient="index"),
-        "ratio_median": {str(b): float(gen_table.loc[b, "median_ms"] / decision_ms) for b in args.budgets},
-        "decision_accuracy": dk.metrics.score(cases, model.predict(cases)).overall()["accuracy"],
+        "model": args.model, "cases": len(cases), "hardware": hardware(), "precision": choose().describe(),
+        "commit": git_commit(),
+        "ab": frame_json(table), "ab_by_workflow": {f"{m} / {w}": row for (m, w), row in
+                                                    ab.table("workflow").to_dict(orient="index").items()},
+        "generative": {f"{m} / {b}": row for (m, b), row in ab.generative.table().to_dict(orient="index").items()},
+        "generated_failures": ab.generative.failures(args.budgets[-1], 3).to_dict(orient="records"),
         "cold_start": cold,
         "head_scaling": {"counts": heads.counts, "ms": heads.ms, "slope_ms": heads.slope_ms, "encode_ms": encode_ms},
+        "encoder_head_scaling": None if encoder_heads is None else {
+            "counts": encoder_heads[0].counts, "ms": encoder_heads[0].ms, "slope_ms": encoder_heads[0].slope_ms,
+            "encode_ms": encoder_heads[1]},
         "naive_scaling": {"counts": naive.counts, "ms": naive.ms, "slope_ms": naive.slope_ms},
-        "length_sweep": length_sweep(model, cases.texts[:8]).to_dict(orient="index"),
-        "speed_variants": variants.to_dict(orient="index"),
-        "generated_failures": generative.failures(args.budgets[-1], 3).to_dict(orient="records"),
+        "length_sweep": frame_json(length_sweep(model, cases.texts[:8])),
+        "speed": frame_json(speed), "speed_context": speed.attrs, "speed_cases": len(test.head(args.speed_cases)),
+        "seconds": time.perf_counter() - started,
     }
     (out / "latency.json").write_text(json.dumps(result, indent=2, default=float))
-    big = args.budgets[-1]
-    print(f"decision median {decision_ms:.0f} ms; generated JSON ({big} tokens) median "
-          f"{gen_table.loc[big, 'median_ms']:.0f} ms, valid {gen_table.loc[big, 'valid']:.0%}: "
-          f"{result['ratio_median'][str(big)]:.1f}x; one more head {heads.slope_ms * 1000:.1f} µs "
-          f"({heads.slope_ms / encode_ms:.3%} of a forward pass), one more naive question {naive.slope_ms:.0f} ms")
-    print(variants.round(3).to_string())
+    print(table.round(3).to_string())
+    print(speed.round(3).to_string())
+    print(f"-> {out / 'latency.json'} in {result['seconds']:.0f} s")
     return 0
 
 

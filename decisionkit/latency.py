@@ -8,6 +8,10 @@
   each timed: what the first request after a deploy waits for.
 - ``head_scaling`` and ``naive_scaling``: the cost of one more question, on one shared encoding (extra heads)
   against one prompt and one forward pass per question; ``Scaling.slope_ms`` is the fitted cost per question.
+- ``speed_table``: every way to run the decision pass (``SPEED_VARIANTS``: float32 and bfloat16, batch 1, 4 and
+  16, int8 in torch and in ONNX Runtime with heads re-fitted on their features, ONNX Runtime float32, another
+  backbone), each against float32 at batch 1 and against its arithmetic floor: the forward pass's FLOPs over this
+  CPU's measured matmul rate (``matmul_rate``; torch's, so another engine can beat it a little).
 
 Every result carries ``hardware()``: the CPU or GPU, torch's thread count and versions. Offline numbers like
 these (batch 1, warm, one process) are not online serving numbers: see notebook 05's last section.
@@ -192,6 +196,13 @@ def head_scaling(model, text: str, counts=(1, 2, 4, 8, 16, 32, 64), options: int
                    [encode_ms + _median_ms(lambda: answer(n), repeats, device) for n in counts]), encode_ms
 
 
+def head_costs(scalings: dict[str, tuple[Scaling, float]]) -> pd.DataFrame:
+    """Per backbone (name -> ``head_scaling``'s result): the encoding, one more head, and the head's share of it."""
+    return pd.DataFrame({name: {"encoding ms": encode_ms, "one more head (µs)": scaling.slope_ms * 1e3,
+                                "head / encoding": scaling.slope_ms / encode_ms}
+                         for name, (scaling, encode_ms) in scalings.items()}).T
+
+
 @torch.inference_mode()
 def naive_scaling(backbone, case, counts=(1, 2, 3, 4, 5), max_length: int = 512, repeats: int = 3) -> Scaling:
     """The naive way: one prompt per question (the state plus that question), one forward pass each."""
@@ -228,8 +239,9 @@ def length_sweep(model, texts: Sequence[str], lengths=(64, 128, 256, 512), repea
 def _computing_in(dtype: str):
     """A variant that runs the backbone's matrix products in ``dtype`` (whatever this machine would choose)."""
     def variant(model):
+        model = copy.deepcopy(model)
         model.backbone.precision = Precision(model.backbone.device, dtype, "set by the speed variant")
-        return model
+        return model.pooled
 
     return variant
 
@@ -237,46 +249,129 @@ def _computing_in(dtype: str):
 def _int8(model):
     from torch.ao.quantization import quantize_dynamic
 
-    _computing_in("float32")(model)  # dynamic int8 layers take float32 activations
+    model = copy.deepcopy(model)
+    model.backbone.precision = Precision(model.backbone.device, "float32", "dynamic int8 takes float32 activations")
     quantize_dynamic(model.backbone.model, {nn.Linear}, dtype=torch.qint8, inplace=True)
-    return model
+    return model.pooled
 
 
-def _compiled(model):
-    model.backbone.body.compile()  # in place; the first calls compile, the warm-up absorbs them
-    return model
+def _onnx(int8: bool):
+    def variant(model):
+        from .onnx_runtime import OnnxEncoder, export, quantize
+
+        path = export(model)
+        return OnnxEncoder(quantize(path) if int8 else path)
+
+    return variant
+
+
+@dataclass(frozen=True)
+class SpeedVariant:
+    """One way to run the decision pass: how to build its encoder, at which batch size, and whether the heads must
+    be re-fitted on its features (int8 changes them: unchanged heads on dynamic int8 fell to 0.408 accuracy)."""
+
+    build: Callable  # model -> (tokenized batch -> pooled features, unstandardized)
+    batch_size: int = 1
+    refit: bool = False
+    dtype: str = "float32"  # for the arithmetic floor: which measured matmul rate bounds it
 
 
 SPEED_VARIANTS = {
-    "float32": _computing_in("float32"),  # the reference row: speed-ups are against it
-    "bfloat16 autocast": _computing_in("bfloat16"),  # fast only where the CPU has bfloat16 instructions
-    "int8 dynamic (nn.Linear)": _int8,  # weights int8, activations quantized per call: CPU only
-    "torch.compile": _compiled,  # in the compute dtype chosen for this machine
+    "float32, batch 1": SpeedVariant(_computing_in("float32")),  # the reference row: speed-ups are against it
+    "bfloat16 autocast, batch 1": SpeedVariant(_computing_in("bfloat16"), dtype="bfloat16"),  # CPUs with bf16 only
+    "bfloat16 autocast, batch 4": SpeedVariant(_computing_in("bfloat16"), 4, dtype="bfloat16"),
+    "bfloat16 autocast, batch 16": SpeedVariant(_computing_in("bfloat16"), 16, dtype="bfloat16"),
+    "int8 dynamic (torch), heads re-fitted": SpeedVariant(_int8, refit=True, dtype="int8"),
+    "ONNX Runtime float32": SpeedVariant(_onnx(False)),
+    "ONNX Runtime int8, heads re-fitted": SpeedVariant(_onnx(True), refit=True, dtype="int8"),
 }
 
 
+def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
+    """This CPU's peak GFLOP/s for one ``size`` x ``size`` matrix product in ``dtype`` (float32 or bfloat16): the
+    fastest of ``repeats`` timed products after a warm-up, so a floor computed from it is a floor."""
+    a, b = torch.randn(size, size).to(getattr(torch, dtype)), torch.randn(size, size).to(getattr(torch, dtype))
+    a @ b
+    fastest = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        fastest = min(fastest, time.perf_counter() - start)
+    return 2 * size ** 3 / fastest / 1e9
+
+
+def forward_flops(backbone, tokens: int) -> float:
+    """Multiply-adds x 2 of one forward pass over ``tokens`` tokens: every weight matrix once per token (the
+    embedding and the unused LM head excluded), plus the attention scores and their weighted sum."""
+    config = backbone.model.config
+    body = sum(p.numel() for n, p in backbone.body.named_parameters() if p.dim() == 2 and "embed" not in n)
+    return 2 * body * tokens + 4 * config.num_hidden_layers * tokens ** 2 * config.hidden_size
+
+
+def _features(encoder, batches) -> tuple[torch.Tensor, list[float]]:
+    """Pooled features of every batch and the milliseconds each batch took."""
+    out, ms = [], []
+    for batch in batches:
+        start = time.perf_counter()
+        out.append(encoder(batch))
+        ms.append((time.perf_counter() - start) * 1e3)
+    return torch.cat(out).float(), ms
+
+
+def _batches(model, texts: Sequence[str], size: int) -> tuple[list[dict], list[int]]:
+    """Tokenized batches of ``size`` texts of similar length (as ``decide_many`` makes them) and the row order."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    groups = [order[i:i + size] for i in range(0, len(order), size)]
+    return [tokenize(model.backbone, [texts[i] for i in g], model.spec.max_length) for g in groups], \
+        [i for g in groups for i in g]
+
+
 @torch.inference_mode()
-def speed_variants(model, cases, names=tuple(SPEED_VARIANTS), warmup: int = 2) -> pd.DataFrame:
-    """Each CPU speed-up applied to a copy of ``model``: forward-pass time per case, the warm-up it needed, and
-    accuracy / KL on ``cases`` with the unchanged heads (features are recomputed, never read from the cache).
-    A speed-up is worth keeping only if accuracy stays within noise of the first (float32) row."""
-    from .heads import predict
+def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VARIANTS), warmup: int = 2,
+                encoder_model=None) -> pd.DataFrame:
+    """Each way to run the decision pass (``SPEED_VARIANTS``), on ``cases``: median and p95 milliseconds per case,
+    cases per second, accuracy and KL (the heads re-fitted on ``train``'s features of that variant where it changes
+    them), the speed-up over float32 at batch 1 and the arithmetic floor: the forward pass's FLOPs at the median
+    case length over this CPU's measured matmul rate in that dtype. ``encoder_model`` (a model on another backbone,
+    e.g. MiniLM) adds one row with its own heads. A speed-up counts only if accuracy stays within 0.01 of float32."""
+    from .heads import HeadFit, HeadSet, predict, refit_heads
     from .metrics import score
 
+    texts = cases.texts
+    tokens = float(np.median([len(model.backbone.tokenizer(t)["input_ids"][:model.spec.max_length]) for t in texts]))
+    rates = {d: matmul_rate(d) for d in ("float32", "bfloat16")}
     rows = {}
-    for name in names:
-        variant = SPEED_VARIANTS[name](copy.deepcopy(model))
-        batches = [tokenize(variant.backbone, [t], variant.spec.max_length) for t in cases.texts]
-        start = time.perf_counter()
-        for b in batches[:warmup]:
-            variant.encode(b)
-        warmup_s = time.perf_counter() - start
-        features: list[torch.Tensor] = []
-        timing = time_calls(name, lambda i: features.append(variant.encode(batches[i])), range(len(batches)), 0,
-                            variant.backbone.device)
-        overall = score(cases, predict(variant.heads, torch.cat(features), cases, variant.temperatures)).overall()
-        rows[name] = {"median ms": timing.median, "p95 ms": timing.stats()["p95"], "warm-up (s)": warmup_s,
-                      "accuracy": overall["accuracy"], "kl": overall["kl"]}
+    entries = [(name, model, SPEED_VARIANTS[name]) for name in names]
+    if encoder_model is not None:
+        entries.append((f"{encoder_model.backbone.name} (its own heads), batch 1", encoder_model,
+                        SpeedVariant(lambda m: m.pooled, dtype=encoder_model.backbone.precision.dtype)))
+    for name, base, variant in entries:
+        encode = variant.build(base)
+        batches, order = _batches(base, texts, variant.batch_size)
+        for batch in batches[:warmup]:
+            encode(batch)
+        raw, ms = _features(encode, batches)
+        raw = raw[np.argsort(order)]  # back to case order
+        heads, mean, std = base.heads, base.feature_mean, base.feature_std
+        if variant.refit:
+            if train is None or base.head_fit is None:
+                raise ValueError(f"{name} changes the features: pass the train split (and a model whose heads were "
+                                 f"fitted in stage 1) to re-fit its heads")
+            train_batches, train_order = _batches(base, train.texts, 16)
+            train_raw = _features(encode, train_batches)[0][np.argsort(train_order)]
+            mean, std = train_raw.mean(0), train_raw.std(0, unbiased=False) + 1e-6
+            with torch.inference_mode(False), torch.enable_grad():  # a short full-batch fit, outside inference mode
+                heads = HeadSet(base.schema, raw.shape[1])
+                refit_heads(heads, train, ((train_raw - mean) / std).clone(),
+                            HeadFit([], float("nan"), base.head_fit["l2"], base.head_fit["steps"]),
+                            base.head_fit["lr"], base.head_fit["ordinal"])
+        overall = score(cases, predict(heads, (raw - mean) / std, cases, base.temperatures)).overall()
+        per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
+        floor = (forward_flops(base.backbone, int(tokens)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3)
+        rows[name] = {"median ms per case": float(np.median(per_case)), "p95 ms per case": float(
+            np.percentile(per_case, 95)), "cases/s": len(texts) / (sum(ms) / 1e3), "accuracy": overall["accuracy"],
+            "kl": overall["kl"], "heads re-fitted": variant.refit, "arithmetic floor ms": floor}
     table = pd.DataFrame.from_dict(rows, orient="index")
-    table["speed-up"] = table["median ms"].iloc[0] / table["median ms"]
+    table.insert(3, "speed-up", table["median ms per case"].iloc[0] / table["median ms per case"])
+    table.attrs.update({"median tokens": tokens, **{f"{d} matmul GFLOP/s": r for d, r in rates.items()}})
     return table

@@ -136,9 +136,13 @@ class DecisionModel(nn.Module):
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward`` after tokenization: the backbone, the pooling and the standardization (timed apart in the
         latency lab)."""
+        return self.normalize(self.pooled(batch))
+
+    def pooled(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The pooled vectors of every feature layer, concatenated, before the standardization."""
         hidden = hidden_states(self.backbone, batch)
-        vectors = [pool(hidden[layer], batch["attention_mask"], self.spec.pooling) for layer in self.spec.layers]
-        return self.normalize(torch.cat(vectors, dim=-1))
+        return torch.cat([pool(hidden[layer], batch["attention_mask"], self.spec.pooling)
+                          for layer in self.spec.layers], dim=-1)
 
     def raw_split_features(self, cases) -> torch.Tensor:
         """Unnormalized features of a frozen backbone, read from (or written to) the on-disk cache. The cache

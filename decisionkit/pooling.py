@@ -27,6 +27,11 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, method: str = "last
         raise ValueError(f"pooling is {method!r}; expected one of {', '.join(POOLINGS)}")
     if attention_mask.sum(dim=1).min() == 0:
         raise ValueError("attention_mask has a row with no real token; every example needs at least one")
+    return pool_unchecked(hidden, attention_mask, method)
+
+
+def pool_unchecked(hidden: torch.Tensor, attention_mask: torch.Tensor, method: str) -> torch.Tensor:
+    """``pool`` without the checks on the values, which a graph export cannot trace (``onnx_runtime``)."""
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     if method == "last":
         rows = torch.arange(hidden.shape[0], device=hidden.device)

@@ -1,6 +1,11 @@
+import json
+
+import numpy as np
 import pytest
 
-from decisionkit.generative import generative_baseline, json_prompt, parse_answers
+from decisionkit.generative import (DECISION, ab_test, answer_schema, generate_json, generative_baseline, json_prompt,
+                                    parse_answers)
+from decisionkit.metrics import score
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +41,45 @@ def test_prompt_lists_every_question(backbone, case):
     assert all(qid in prompt for qid in case.questions) and "JSON" in prompt
 
 
-def test_generation_is_timed_and_scored(backbone, splits):
-    result = generative_baseline(backbone, splits["validation"].head(1), budgets=(8,), progress=False)
+def test_answer_schema_allows_exactly_the_valid_answers(case):
+    schema = answer_schema(case)
+    assert schema["required"] == list(case.questions) and schema["additionalProperties"] is False
+    for qid, q in case.questions.items():
+        allowed = schema["properties"][qid]
+        assert allowed == {"type": "boolean"} if q.type == "noul" else allowed["enum"] == (
+            list(q.options) if q.type == "choice" else [int(o) for o in q.options])
+
+
+def test_free_generation_is_timed_and_scored(backbone, splits):
+    result = generative_baseline(backbone, splits["validation"].head(1), budgets=(8,), constrained_budget=0,
+                                 progress=False)
     r = result.requests
-    assert len(r) == 4 and (r["output_tokens"] <= 8).all()
+    assert len(r) == 4 and (r["output_tokens"] <= 8).all() and set(r["method"]) == {"free"}
     assert (r["first_token_ms"] <= r["latency_ms"]).all() and (r["correct"].between(0, 5)).all()
+    assert not r["valid"].any()  # eight tokens cannot hold five answers
     table = result.table()
-    assert table.loc[8, "requests"] == 4 and 0 <= table.loc[8, "valid"] <= 1
+    assert table.loc[("free", 8), "requests"] == 4
+
+
+def test_constrained_decoding_is_valid_json_of_the_schema(backbone, splits):
+    case = splits["validation"][0]
+    g = generate_json(backbone, case, 80, constrained=True)
+    reply = json.loads(g.text)  # nothing around it: the grammar ends the reply when the object closes
+    assert list(reply) == list(case.questions) and parse_answers(g.text, case.questions)[1] == []
+    assert g.output_tokens < 80 and 0 < g.first_token_ms <= g.latency_ms
+
+
+def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits):
+    _, model = quick_model
+    cases = splits["validation"].head(1)
+    ab = ab_test(model, cases, budgets=(8,), constrained_budget=80, progress=False)
+    table = ab.table()
+    assert list(table.index) == [DECISION, "option scoring (log-prob)", "free JSON, 8 tokens", "constrained JSON"]
+    assert table.loc[DECISION, "x decision p50"] == 1.0
+    assert table.loc["constrained JSON", "valid"] == 1.0 and table.loc["free JSON, 8 tokens", "valid"] == 0.0
+    assert np.isnan(table.loc["constrained JSON", "kl"])  # a generated answer has no distribution
+    decided = score(cases, *model.outputs(cases)).overall()
+    assert table.loc[DECISION, "accuracy"] == pytest.approx(decided["accuracy"])
+    assert table.loc[DECISION, "kl"] == pytest.approx(decided["kl"])
+    by_workflow = ab.table("workflow")
+    assert len(by_workflow) == 4 * 4 and (by_workflow.xs(DECISION, level="method")["x decision p50"] == 1.0).all()

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from decisionkit.latency import Scaling, Timing, cold_start, decision_timings, head_scaling, naive_scaling, time_calls
 
@@ -52,22 +53,45 @@ def test_length_sweep_grows_with_tokens(quick_model, splits):
     assert sweep.loc[128, "median ms"] > sweep.loc[16, "median ms"]
 
 
-def test_int8_variant_is_timed_and_scored_against_float32(quick_model, splits):
-    from decisionkit.latency import speed_variants
-
-    _, model = quick_model
-    cases = splits["validation"].head(2)
-    table = speed_variants(model, cases, names=("float32", "int8 dynamic (nn.Linear)"), warmup=1)
-    assert list(table.index) == ["float32", "int8 dynamic (nn.Linear)"]
-    assert table.loc["float32", "speed-up"] == 1.0
-    assert table["accuracy"].between(0, 1).all()
-    # The float32 copy reproduces what the model itself predicts when it computes in float32.
+def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, splits):
     import copy
 
+    from decisionkit.latency import speed_table
     from decisionkit.metrics import score
     from decisionkit.precision import Precision
+
+    _, model = quick_model
+    cases, train = splits["validation"].head(2), splits["train"].head(2)
+    names = ("float32, batch 1", "bfloat16 autocast, batch 4", "int8 dynamic (torch), heads re-fitted")
+    table = speed_table(model, cases, train, names, warmup=1)
+    assert list(table.index) == list(names) and table.loc["float32, batch 1", "speed-up"] == 1.0
+    assert table["heads re-fitted"].tolist() == [False, False, True]
+    assert (table["cases/s"] > 0).all() and table.attrs["float32 matmul GFLOP/s"] > 0
+    assert table["arithmetic floor ms"].iloc[:2].gt(0).all() and np.isnan(table["arithmetic floor ms"].iloc[2])
+    # The float32 row reproduces what the model itself predicts when it computes in float32.
     in_float32 = copy.deepcopy(model)
     in_float32.backbone.precision = Precision("cpu", "float32", "test")
-    assert table.loc["float32", "accuracy"] == pytest.approx(
-        score(cases, in_float32.predict(cases)).overall()["accuracy"], abs=1e-9)
+    assert table.loc["float32, batch 1", "accuracy"] == pytest.approx(
+        score(cases, in_float32.predict(cases, raw=True)).overall()["accuracy"], abs=1e-9)
     assert model.backbone.model.model.layers[0].self_attn.q_proj.__class__.__name__ == "Linear"  # original untouched
+    with pytest.raises(ValueError, match="re-fit its heads"):
+        speed_table(model, cases, None, names[2:], warmup=0)
+
+
+def test_onnx_export_gives_the_torch_features(quick_model, splits, tmp_path):
+    from decisionkit.features import tokenize
+    from decisionkit.onnx_runtime import OnnxEncoder, export
+    from decisionkit.precision import Precision
+
+    _, model = quick_model
+    path = export(model, tmp_path / "onnx")
+    assert export(model, tmp_path / "onnx") == path  # written once
+    texts = splits["validation"].head(1).texts[:2]
+    batch = tokenize(model.backbone, texts, model.spec.max_length)  # two lengths: padding in the batch
+    model.backbone.precision, saved = Precision("cpu", "float32", "test"), model.backbone.precision
+    try:
+        with torch.inference_mode():
+            expected = model.pooled(batch)
+    finally:
+        model.backbone.precision = saved
+    assert torch.allclose(OnnxEncoder(path)(batch), expected, atol=1e-3, rtol=1e-3)
