@@ -338,7 +338,11 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
     from .metrics import score
 
     texts = cases.texts
-    tokens = float(np.median([len(model.backbone.tokenizer(t)["input_ids"][:model.spec.max_length]) for t in texts]))
+
+    def median_tokens(m) -> float:
+        return float(np.median([len(m.backbone.tokenizer(t)["input_ids"][:m.spec.max_length]) for t in texts]))
+
+    tokens = median_tokens(model)
     rates = {d: matmul_rate(d) for d in ("float32", "bfloat16")}
     rows = {}
     entries = [(name, model, SPEED_VARIANTS[name]) for name in names]
@@ -367,7 +371,8 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
                             base.head_fit["lr"], base.head_fit["ordinal"])
         overall = score(cases, predict(heads, (raw - mean) / std, cases, base.temperatures)).overall()
         per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
-        floor = (forward_flops(base.backbone, int(tokens)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3)
+        length = tokens if base is model else median_tokens(base)
+        floor = forward_flops(base.backbone, int(length)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3
         rows[name] = {"median ms per case": float(np.median(per_case)), "p95 ms per case": float(
             np.percentile(per_case, 95)), "cases/s": len(texts) / (sum(ms) / 1e3), "accuracy": overall["accuracy"],
             "kl": overall["kl"], "heads re-fitted": variant.refit, "arithmetic floor ms": floor}
