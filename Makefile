@@ -32,8 +32,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q
 
-notebooks: $(VENV)/.installed  # re-run every notebook in full mode and save it with its outputs
-	TQDM_DISABLE=1 $(PY) -m jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=-1 notebooks/*.ipynb
+# re-run every notebook in full mode and save it with its outputs. No widget state is stored: with it, static
+# viewers (nbconvert, nbviewer) show a widget view that needs a CDN; without it they show the panels' static
+# rendering (the last answer's verdict and bars), while JupyterLab draws the panel again when its cell runs.
+notebooks: $(VENV)/.installed
+	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m jupyter nbconvert --to notebook --execute --inplace \
+		--ExecutePreprocessor.timeout=-1 --ExecutePreprocessor.store_widget_state=False *.ipynb
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

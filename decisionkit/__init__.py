@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from . import plots  # noqa: E402  (dk.plots.notebook_setup() in every notebook's first cell)
 from .backbone import Backbone, LoraSettings, QuantSettings, load_backbone, resolve_backbone  # noqa: E402
 from .data import Case, DataError, Question, Split, load_typed_decisions, render_state, token_lengths  # noqa: E402
 from .features import extract_features  # noqa: E402

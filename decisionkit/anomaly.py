@@ -39,12 +39,13 @@ import pandas as pd
 import torch
 
 from .data import DataError, Split, jsonl_rows, render_state
-from .heads import HeadFit, HeadSet, calibrated, refit_heads
+from .heads import HeadSet, calibrated, targets
 from .metrics import gold_priors
+from .training import HeadFit, refit_heads
 
 SCORES = ("confidence", "raw confidence", "msp", "entropy", "energy", "mahalanobis")
 LOW_IS_ANOMALOUS = {"confidence", "raw confidence"}  # the other scores grow as inputs get stranger
-OFF_DOMAIN_DIR = Path(__file__).resolve().parent.parent / "data" / "off-domain"  # written for this project
+OFF_DOMAIN_DIR = Path(__file__).resolve().parent / "scenario_data" / "off-domain"  # package data: ships in the wheel
 PCA_COMPONENTS = 128  # directions kept for the Mahalanobis distance: 2,304 raw dimensions vs 1,120 train cases
 TARGET_REJECTION = 0.05  # share of held-out real inputs a threshold sends to a human
 TAIL_SHARE = 0.01  # the farthest share of held-out real inputs, past which answers lose confidence: ECE moves < 0.01
@@ -63,6 +64,11 @@ class Inputs:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def case_workflows(self) -> list[str]:
+        """Each input's workflow, under the name a ``Split`` gives it (so both go through ``split_output``)."""
+        return self.workflows
 
     def per_kind(self, n: int) -> "Inputs":
         """The first ``n`` inputs of every kind (a quick-mode sample that keeps every kind)."""
@@ -103,18 +109,6 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
     return Inputs(path.stem, ids, texts, wfs, kinds)
 
 
-@torch.no_grad()
-def head_logits(heads: HeadSet, features: torch.Tensor, workflows: list[str]) -> list[dict[str, torch.Tensor]]:
-    """Logits of every trained question of each input's workflow (a row of ``features`` per input)."""
-    out: list[dict[str, torch.Tensor]] = [{} for _ in workflows]
-    for workflow in sorted(set(workflows)):
-        rows = [i for i, w in enumerate(workflows) if w == workflow]
-        for qid, z in heads(features[rows], workflow).items():
-            for j, i in enumerate(rows):
-                out[i][qid] = z[j].cpu()
-    return out
-
-
 def lowest_confidence(answers: dict) -> float:
     """The smallest ``confidence`` field over System One answers (choice and score answers carry one; answers to
     yes/no questions alone fall back to their top probability, max(P(true), P(false)))."""
@@ -128,14 +122,14 @@ def output_scores(model, logits: dict[str, torch.Tensor], workflow: str, weight:
     alone has no confidence field: there, ``weight`` times the lowest top probability stands in for it."""
     scores, msps, entropies, energies = {}, [], [], []
     for qid, z in logits.items():
-        t = model.temperatures[model.schema[workflow][qid].type]
+        t = model.temperature(model.schema[workflow][qid].type)
         p = calibrated(z, t)
         msps.append(float(p.max()))
         scores[f"msp:{qid}"] = msps[-1]
         entropies.append(float(-(p * torch.log(p.clamp_min(1e-12))).sum() / np.log(len(p))))
         energies.append(float(-t * torch.logsumexp(z / t, dim=-1)))
     for name, w in (("confidence", weight), ("raw confidence", 1.0)):
-        carried = [c for _, c in model._outputs(logits, workflow, w, priors).values() if c is not None]
+        carried = [c for _, c in model.answer_parts(logits, workflow, w, priors).values() if c is not None]
         scores[name] = min(carried) if carried else w * min(msps)
     scores.update(msp=1 - min(msps), entropy=float(np.mean(entropies)), energy=float(np.mean(energies)))
     return scores
@@ -202,16 +196,16 @@ class Router:
         """The weight the heads keep at these distances: 1 up to ``reference``, then exp(-excess / scale)."""
         return np.exp(-np.maximum(np.asarray(distances, dtype=float) - self.reference, 0.0) / self.scale)
 
-    def scores(self, model, features: torch.Tensor, workflows: list[str], heads: HeadSet | None = None,
-               density: FeatureDensity | None = None) -> pd.DataFrame:
-        """Every anomaly score (and the per-question MSP) of a batch of inputs, one row each. ``heads`` and
-        ``density`` replace the model's (for a fold of cross-fitting)."""
+    @torch.no_grad()
+    def scores(self, model, output, density: FeatureDensity | None = None) -> pd.DataFrame:
+        """Every anomaly score (and the per-question MSP) of the inputs of ``output`` (a ``DecisionOutput``: their
+        features and every trained question's logits), one row each; ``density`` replaces the router's (for a fold
+        of cross-fitting). ``model`` supplies the temperatures and the answers' arithmetic."""
         density = self.density if density is None else density
-        distances = density.distance(features.cpu().double().numpy(), workflows)
+        distances = density.distance(output.features.cpu().double().numpy(), output.workflows)
         weights = self.in_domain(distances)
-        logits = head_logits(model.heads if heads is None else heads, features, workflows)
-        frame = pd.DataFrame([output_scores(model, z, w, float(v), self.priors)
-                              for z, w, v in zip(logits, workflows, weights)])
+        frame = pd.DataFrame([output_scores(model, {q: v.cpu() for q, v in z.items()}, w, float(v), self.priors)
+                              for z, w, v in zip(output.per_case(), output.workflows, weights)])
         frame["mahalanobis"], frame["in-domain"] = distances, weights
         return frame
 
@@ -252,17 +246,16 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
     for (workflow, qid), prior in gold_priors(train).items():
         priors.setdefault(workflow, {})[qid] = prior
     router = Router(density, priors, score=score, rejection=rejection)
-    valid_x = model.split_features(validation)
-    held = [(valid_x, validation.case_workflows, None, None)]  # features, workflows, heads, density
+    held = [(model.split_output(validation), None)]  # each held-out set's output and the density it is far from
     cross_fit = model.backbone.frozen and model.head_fit is not None and folds > 1
     if cross_fit:
-        held += list(_cross_fitted(model, train, train_x, folds))
-    distances = np.concatenate([(density if d is None else d).distance(x.cpu().double().numpy(), w)
-                                for x, w, _, d in held])
+        held += [(output, density) for output, density, _ in _cross_fitted(model, train, train_x, folds)]
+    distances = np.concatenate([(density if d is None else d).distance(o.features.cpu().double().numpy(),
+                                                                       o.workflows) for o, d in held])
     router.reference = float(np.quantile(distances, 1 - TAIL_SHARE))
     excess = distances[distances > router.reference] - router.reference
     router.scale = float(excess.mean()) if len(excess) else float(distances.std() or 1.0)
-    values = pd.concat([router.scores(model, x, w, h, d)[score] for x, w, h, d in held], ignore_index=True)
+    values = pd.concat([router.scores(model, o, d)[score] for o, d in held], ignore_index=True)
     router.threshold = float(np.quantile(values, rejection if score in LOW_IS_ANOMALOUS else 1 - rejection))
     router.fitted_on = {"validation": len(validation), "cross-fitted train": len(train) if cross_fit else 0,
                         "folds": folds if cross_fit else 0}
@@ -271,8 +264,9 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
 
 
 def _cross_fitted(model, train: Split, features: torch.Tensor, folds: int):
-    """For each of ``folds`` folds of ``train``: its features, workflows, heads fitted on the other folds (at the
-    L2 and steps the model's heads were fitted with) and the feature density of the other folds."""
+    """For each of ``folds`` folds of ``train``: the output of heads fitted on the other folds (at the L2 and steps
+    the model's heads were fitted with) on its features, with its loss; the feature density of the other folds;
+    and those heads."""
     fold = np.random.default_rng(0).permutation(len(train)) % folds
     fit = HeadFit([], float("nan"), model.head_fit["l2"], model.head_fit["steps"])
     for k in range(folds):
@@ -281,7 +275,10 @@ def _cross_fitted(model, train: Split, features: torch.Tensor, folds: int):
         heads = HeadSet(model.schema, features.shape[1]).to(features.device)
         refit_heads(heads, rest, features[inside], fit, model.head_fit["lr"], model.head_fit["ordinal"])
         density = FeatureDensity.fit(features[inside].cpu().double().numpy(), rest.case_workflows)
-        yield features[held], [train[i].workflow for i in held], heads.eval(), density
+        with torch.no_grad():
+            output = model.read(features[held], [train[i].workflow for i in held], targets(train, list(held)),
+                                heads=heads.eval())
+        yield output, density, heads
 
 
 @dataclass
@@ -379,7 +376,7 @@ def evaluate_scores(model, in_domain: Split, *others: Inputs) -> AnomalyReport:
         raise ValueError("the model has no router; call anomaly.fit_router(model, train, validation) first")
     frames = {}
     for inputs in (Inputs.from_split(in_domain), *others):
-        frame = model.router.scores(model, model.split_features(inputs), inputs.workflows)
+        frame = model.router.scores(model, model.split_output(inputs))
         frame.insert(0, "id", inputs.ids)
         frame.insert(1, "kind", inputs.kinds)
         frame.insert(2, "workflow", inputs.workflows)

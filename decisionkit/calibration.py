@@ -85,14 +85,15 @@ class DecisionLogits:
 @torch.no_grad()
 def decision_logits(model, cases: Split) -> DecisionLogits:
     """Run ``model`` on ``cases`` once and keep the raw head outputs beside the gold."""
-    features = model.split_features(cases)
-    target = targets(cases, device=features.device)
+    output = model.split_output(cases)
+    target = targets(cases)
     result = DecisionLogits(cases)
-    for workflow, rows in target.rows.items():
-        for qid, z in model.heads(features[rows], workflow).items():
-            gold = target.gold[workflow][qid].cpu()
+    for workflow, per_question in output.logits.items():
+        for qid, z in per_question.items():
+            gold = target.gold[workflow][qid]
             result.groups.append({"workflow": workflow, "question": qid, "type": model.schema[workflow][qid].type,
-                                  "rows": rows.tolist(), "logits": z.cpu(), "gold": gold, "label": gold_answer(gold)})
+                                  "rows": output.rows[workflow], "logits": z.cpu(), "gold": gold,
+                                  "label": gold_answer(gold)})
     return result
 
 
@@ -162,6 +163,15 @@ class CalibrationReport:
     def risk_coverage(self, split: str, stage: str = "after") -> pd.DataFrame:
         return risk_coverage(self.scores[(split, stage)])
 
+    def coverage_at(self, split: str, thresholds=(0.5, 0.6, 0.7, 0.8, 0.9), stage: str = "after") -> pd.DataFrame:
+        """For each confidence threshold t: the share of decisions whose confidence is at least t (answered) and
+        their accuracy. Thresholds above every confidence are left out."""
+        curve = self.risk_coverage(split, stage)
+        rows = {f"confidence >= {t}": curve[curve["threshold"] >= t].iloc[-1] for t in thresholds
+                if (curve["threshold"] >= t).any()}
+        return pd.DataFrame({name: {"answered": row["coverage"], "accuracy when answered": row["accuracy"]}
+                             for name, row in rows.items()}).T
+
     def reliability_figure(self, split: str, bins: int = 10):
         from .plots import reliability_diagram
 
@@ -187,6 +197,19 @@ def risk_coverage(scores: Scores) -> pd.DataFrame:
     kept = np.arange(1, len(d) + 1)
     return pd.DataFrame({"threshold": d["confidence"].to_numpy(), "coverage": kept / len(d),
                          "accuracy": d["correct"].cumsum().to_numpy() / kept})
+
+
+def fitted_where(model, fit_on: dict[str, Split], test: Split) -> pd.DataFrame:
+    """One global temperature (to the answer) fitted on each split of ``fit_on`` (name -> split), and the ECE it
+    gives on ``test``: a temperature fitted on the heads' own training data suits a model that looks better than
+    it is."""
+    test_logits = decision_logits(model, test)
+    rows = {}
+    for name, cases in fit_on.items():
+        fit = fit_temperature(decision_logits(model, cases))
+        ece = score(test, test_logits.predictions(dict.fromkeys(QUESTION_TYPES, fit.temperature))).overall()["ece"]
+        rows[f"fitted on {name}"] = {"temperature": fit.temperature, "test ECE": ece}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def _fit(logits: DecisionLogits, per_type: bool, target: str, bounds) -> tuple[list[TemperatureFit], dict]:

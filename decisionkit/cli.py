@@ -22,12 +22,13 @@ from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
 from .metrics import score
 from .model import QuestionError, load
-from .report import RunReport, run_report, write_atomic
+from .atomic import write_text
+from .report import RunReport, run_report
 from .training import PRESETS, evaluate, load_split, preset, train
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    write_atomic(path, json.dumps(payload, indent=2, default=str))
+    write_text(path, json.dumps(payload, indent=2, default=str))
 
 
 def run_training(args) -> RunReport:

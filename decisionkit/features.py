@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +21,7 @@ from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 
 from . import settings
+from .atomic import atomic_file
 from .backbone import Backbone
 from .data import RENDER_VERSION, Split
 from .pooling import POOLINGS, last_token_index, pool_all
@@ -105,16 +104,8 @@ def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers
 
 
 def _save_atomic(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as scratch:
         save_file(arrays, scratch, metadata=metadata)
-        os.chmod(scratch, 0o644)  # mkstemp makes it private; the cache may be shared
-        os.replace(scratch, path)
-    finally:
-        if os.path.exists(scratch):
-            os.remove(scratch)
 
 
 def extract_features(

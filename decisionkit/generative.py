@@ -200,6 +200,14 @@ class GenerativeResult:
         bad = r[(r["method"] == method) & (r["budget"] == budget) & ~r["valid"]]
         return bad[["case", "problems", "text"]].head(n)
 
+    def examples(self, budget: int, n: int = 2, chars: int = 300) -> pd.DataFrame:
+        """What replies look like: ``n`` free replies that failed at ``budget`` and ``n`` constrained replies,
+        cut to ``chars`` characters."""
+        free = self.failures(budget, n).assign(method=f"free, {budget} tokens")
+        constrained = self.requests[self.requests["method"] == "constrained"].head(n).assign(method="constrained")
+        table = pd.concat([free, constrained])[["method", "case", "problems", "text"]]
+        return table.assign(text=table["text"].str.slice(0, chars)).reset_index(drop=True)
+
 
 def generative_baseline(backbone, cases: Split, budgets=(64, 256), constrained_budget: int | None = None,
                         progress: bool = True) -> GenerativeResult:

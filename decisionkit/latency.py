@@ -118,15 +118,15 @@ def decision_timings(model, cases, warmup: int = 2) -> LatencyResult:
     texts, workflows = cases.texts, cases.case_workflows
 
     def whole(i: int) -> None:
-        model.heads.probabilities(model([texts[i]]), workflows[i], None, model.temperatures)
+        model.readout(model([texts[i]], [workflows[i]]))
 
     batches = [tokenize(model.backbone, [t], model.spec.max_length) for t in texts]
     index = list(range(len(texts)))
     return LatencyResult([
         time_calls("tokenize", lambda i: tokenize(model.backbone, [texts[i]], model.spec.max_length), index, warmup,
                    device),
-        time_calls("forward + heads", lambda i: model.heads.probabilities(model.encode(batches[i]), workflows[i], None,
-                                                                           model.temperatures), index, warmup, device),
+        time_calls("forward + heads", lambda i: model.readout(model.read(model.encode(batches[i]), [workflows[i]])),
+                   index, warmup, device),
         time_calls("tokenize + forward + heads", whole, index, warmup, device),
     ])
 
@@ -334,8 +334,9 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
     them), the speed-up over float32 at batch 1 and the arithmetic floor: the forward pass's FLOPs at the median
     case length over this CPU's measured matmul rate in that dtype. ``encoder_model`` (a model on another backbone,
     e.g. MiniLM) adds one row with its own heads. A speed-up counts only if accuracy stays within 0.01 of float32."""
-    from .heads import HeadFit, HeadSet, predict, refit_heads
+    from .heads import HeadSet
     from .metrics import score
+    from .training import HeadFit, refit_heads
 
     texts = cases.texts
 
@@ -369,7 +370,8 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
                 refit_heads(heads, train, ((train_raw - mean) / std).clone(),
                             HeadFit([], float("nan"), base.head_fit["l2"], base.head_fit["steps"]),
                             base.head_fit["lr"], base.head_fit["ordinal"])
-        overall = score(cases, predict(heads, (raw - mean) / std, cases, base.temperatures)).overall()
+        overall = score(cases, *base.readout(base.read((raw - mean) / std, cases.case_workflows, heads=heads))
+                        ).overall()
         per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
         length = tokens if base is model else median_tokens(base)
         floor = forward_flops(base.backbone, int(length)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3

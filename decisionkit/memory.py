@@ -7,6 +7,8 @@
   weights, LoRA weights with their gradients and Adam moments, and the activations kept for the backward pass.
   ``ModelShape.from_config`` reads the shapes of any transformers config, so the estimate can be checked against
   a model you do load (notebook 02 does this for SmolLM2).
+- ``peak_rss_gb()``: the peak resident memory this process has measured so far, on Linux, macOS and Windows (what
+  a CPU training run reports as its peak memory).
 
 The activation count follows the tensors a Llama-style layer saves for its backward pass (Korthikanti et al.,
 2022, "Reducing Activation Recomputation in Large Transformer Models", adapted to SwiGLU and grouped-query
@@ -16,6 +18,9 @@ CUDA context, which a measured peak includes.
 
 from __future__ import annotations
 
+import math
+import sys
+import warnings
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -237,3 +242,64 @@ def compare(shapes=ASSUMED_SHAPES, setup: TrainingSetup = TrainingSetup(), refer
     """Estimates for ``shapes`` beside the quoted figures (``QUOTED_PEAK_GB`` unless ``references`` is given)."""
     return MemoryComparison([estimate(s, setup) for s in shapes],
                             dict(QUOTED_PEAK_GB if references is None else references))
+
+
+def _windows_peak_bytes() -> tuple[int | None, str]:
+    """PeakWorkingSetSize of this process: psutil when installed, else psapi's GetProcessMemoryInfo via ctypes."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        peak = getattr(psutil.Process().memory_info(), "peak_wset", None)  # only Windows builds of psutil have it
+        if peak:
+            return int(peak), ""
+    import ctypes
+
+    if not hasattr(ctypes, "WinDLL"):  # ctypes has no WinDLL off Windows (a faked platform, or a Windows-like one)
+        return None, (f"sys.platform is {sys.platform!r} but neither psutil's peak_wset nor ctypes.WinDLL "
+                      "(GetProcessMemoryInfo) is available")
+    size_t, dword = ctypes.c_size_t, ctypes.c_ulong
+
+    class ProcessMemoryCounters(ctypes.Structure):  # PROCESS_MEMORY_COUNTERS, psapi.h
+        _fields_ = [("cb", dword), ("PageFaultCount", dword), ("PeakWorkingSetSize", size_t),
+                    ("WorkingSetSize", size_t), ("QuotaPeakPagedPoolUsage", size_t), ("QuotaPagedPoolUsage", size_t),
+                    ("QuotaPeakNonPagedPoolUsage", size_t), ("QuotaNonPagedPoolUsage", size_t),
+                    ("PagefileUsage", size_t), ("PeakPagefileUsage", size_t)]
+
+    counters = ProcessMemoryCounters()
+    counters.cb = ctypes.sizeof(counters)
+    try:
+        kernel32, psapi = ctypes.WinDLL("kernel32"), ctypes.WinDLL("psapi", use_last_error=True)
+        kernel32.GetCurrentProcess.restype = ctypes.c_void_p  # a pseudo-handle (-1): truncated to int it is wrong
+        psapi.GetProcessMemoryInfo.argtypes = [ctypes.c_void_p, ctypes.POINTER(ProcessMemoryCounters), dword]
+        ok = psapi.GetProcessMemoryInfo(kernel32.GetCurrentProcess(), ctypes.byref(counters), counters.cb)
+    except (OSError, AttributeError) as err:
+        return None, f"GetProcessMemoryInfo could not be called ({err})"
+    if not ok:
+        return None, f"GetProcessMemoryInfo failed (Windows error {ctypes.get_last_error()})"
+    return int(counters.PeakWorkingSetSize), ""
+
+
+def peak_rss_bytes() -> tuple[int | None, str]:
+    """(peak resident bytes of this process, "") or (None, why it cannot be measured here)."""
+    if sys.platform == "win32":
+        return _windows_peak_bytes()
+    try:
+        import resource  # POSIX only: imported here so that importing decisionkit works on Windows
+    except ImportError:
+        return None, f"the resource module does not exist on platform {sys.platform!r}"
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is in bytes on macOS, in KiB on Linux and the BSDs (getrusage(2) of each)
+    return int(maxrss) * (1 if sys.platform == "darwin" else 1024), ""
+
+
+def peak_rss_gb() -> float:
+    """Peak resident memory of this process so far, in GB (1e9 bytes); NaN, with a RuntimeWarning that says why,
+    where the platform offers no way to measure it (a report then shows nan rather than a wrong number)."""
+    peak, reason = peak_rss_bytes()
+    if peak is None:
+        warnings.warn(f"peak resident memory is not measurable: {reason}; reported as NaN", RuntimeWarning,
+                      stacklevel=2)
+        return math.nan
+    return peak / GB

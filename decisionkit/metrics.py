@@ -138,3 +138,14 @@ def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]
     """The training prior of each (workflow, question) for every case: the benchmark's "prior" row."""
     priors = gold_priors(train)
     return [{qid: priors[(c.workflow, qid)] for qid in c.questions} for c in cases]
+
+
+def against_majority(model, train: Split, test: Split) -> pd.DataFrame:
+    """Per question: the model's test accuracy, KL and ECE beside always answering the most common training label
+    (the majority baseline), and the gain over it."""
+    scores = score(test, model.predict(test)).summary("question")
+    majority = score(test, prior_predictions(train, test)).summary("question")
+    table = pd.DataFrame({"test accuracy": scores["accuracy"], "majority baseline": majority["accuracy"],
+                          "KL": scores["kl"], "ECE": scores["ece"]})
+    table["gain"] = table["test accuracy"] - table["majority baseline"]
+    return table

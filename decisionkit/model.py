@@ -1,5 +1,10 @@
 """The decision model: backbone + pooling + one head per question, answering every question in one pass.
 
+``model(texts, workflows, target=None)`` is that pass: it returns a ``DecisionOutput`` (the pooled features, the
+logits of every question, the loss when targets are given), in the manner of transformers'
+``...ForSequenceClassification``. Training, calibration, routing and the answers below all read it;
+``temperature()`` is the one place temperatures are applied from.
+
 ``model.decide(state, questions=None)`` returns answers in the System One shape (``systemone.py`` checks the
 questions and formats the answers):
 
@@ -26,22 +31,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import __version__, systemone
-from .backbone import Backbone, LoraSettings, add_lora, load_backbone, weights_sha256
+from .atomic import atomic_folder
+from .backbone import Backbone, LoraSettings, QuantSettings, add_lora, load_backbone, weights_sha256
 from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
 from .features import default_layers, extract_features, hidden_states, tokenize
-from .heads import HeadSet, calibrated, targets
+from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets
 from .pooling import pool
 from .systemone import QuestionError, answer  # noqa: F401 (QuestionError is part of this module's interface)
 
@@ -80,6 +86,28 @@ def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
 
 def _schema_from_json(obj: dict) -> dict[str, dict[str, Question]]:
     return {wf: {qid: Question.from_json(qid, q, "saved schema") for qid, q in qs.items()} for wf, qs in obj.items()}
+
+
+@dataclass
+class DecisionOutput:
+    """What one pass of a ``DecisionModel`` gives, in the manner of transformers' ``SequenceClassifierOutput``:
+    the pooled features, the logits of every question and, when targets were given, the loss. Everything that reads
+    the heads (training, calibration, routing, answers) reads this."""
+
+    features: torch.Tensor  # (inputs, dim): the standardized pooled vector the heads read
+    workflows: list[str]  # each input's workflow
+    logits: dict[str, dict[str, torch.Tensor]]  # workflow -> question -> (that workflow's inputs, options)
+    rows: dict[str, list[int]]  # workflow -> which inputs its logits belong to (``heads.group_rows``)
+    loss: torch.Tensor | None = None  # soft-gold cross-entropy per decision, when targets were given
+
+    def per_case(self) -> list[dict[str, torch.Tensor]]:
+        """The logits by input: question id -> logits, in input order (the one place they are regrouped)."""
+        out: list[dict[str, torch.Tensor]] = [{} for _ in self.workflows]
+        for workflow, positions in self.rows.items():
+            for qid, z in self.logits[workflow].items():
+                for j, i in enumerate(positions):
+                    out[i][qid] = z[j]
+        return out
 
 
 class DecisionModel(nn.Module):
@@ -128,10 +156,25 @@ class DecisionModel(nn.Module):
         self.encoder.requires_grad_(True)
         self.tuned = True
 
-    def forward(self, texts: Sequence[str]) -> torch.Tensor:
-        """The heads' input for ``texts``: one forward pass, pooled at every layer of the spec, concatenated,
-        standardized. Gradients flow when LoRA adapters train."""
-        return self.encode(tokenize(self.backbone, texts, self.spec.max_length))
+    def forward(self, texts: Sequence[str], workflows: Sequence[str], target: Targets | None = None,
+                ordinal: float = 0.0, questions: Sequence[str] | None = None) -> DecisionOutput:
+        """One forward pass over ``texts`` (each rendered as a state of its workflow), pooled at every layer of the
+        spec, concatenated, standardized, and read by the heads of each text's workflow. With ``target`` (gold
+        aligned to the texts, ``heads.targets``) the output carries the loss. Gradients flow when the backbone
+        trains."""
+        return self.read(self.encode(tokenize(self.backbone, list(texts), self.spec.max_length)), workflows, target,
+                         ordinal, questions)
+
+    def read(self, features: torch.Tensor, workflows: Sequence[str], target: Targets | None = None,
+             ordinal: float = 0.0, questions: Sequence[str] | None = None, heads: HeadSet | None = None
+             ) -> DecisionOutput:
+        """The heads (the model's, or ``heads``) on standardized ``features``, one row per input of ``workflows``;
+        ``questions``: only these (one workflow)."""
+        heads = self.heads if heads is None else heads
+        rows = group_rows(list(workflows))
+        logits = heads.read(features, rows, questions)
+        loss = None if target is None else decision_loss(self.schema, logits, target, ordinal)
+        return DecisionOutput(features, list(workflows), logits, rows, loss)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward`` after tokenization: the backbone, the pooling and the standardization (timed apart in the
@@ -157,40 +200,26 @@ class DecisionModel(nn.Module):
         if self.backbone.frozen:
             return self.normalize(self.raw_split_features(cases))
         with torch.inference_mode():
-            return torch.cat([self([text]) for text in cases.texts])
+            return torch.cat([self.encode(tokenize(self.backbone, [text], self.spec.max_length))
+                              for text in cases.texts])
+
+    @torch.no_grad()
+    def split_output(self, cases, loss: bool = False) -> DecisionOutput:
+        """``forward`` over a whole split (features from the cache when the backbone is frozen); ``loss=True``
+        adds the loss against the cases' gold."""
+        features = self.split_features(cases)
+        return self.read(features, cases.case_workflows, targets(cases, device=features.device) if loss else None)
 
     # ----- answers --------------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def outputs(self, cases: Split, raw: bool = False) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
-        """Per case and question, the probabilities (in option order) and the ``confidence`` field that ``decide``
-        answers with: what ``metrics.score`` takes. ``raw=True``: the calibrated heads alone, without the
-        distance-awareness a fitted router adds (see ``anomaly``)."""
-        features = self.split_features(cases)
-        weights = self.in_domain(features, cases.case_workflows, raw)
-        probabilities: list[dict[str, np.ndarray]] = [{} for _ in cases]
-        confidences: list[dict[str, float]] = [{} for _ in cases]
-        for workflow, rows in targets(cases).rows.items():
-            logits = self.heads(features[rows.to(features.device)], workflow)
-            for j, i in enumerate(rows.tolist()):
-                for qid, (p, c) in self._outputs({q: z[j] for q, z in logits.items()}, workflow, weights[i]).items():
-                    probabilities[i][qid] = p
-                    if c is not None:
-                        confidences[i][qid] = c
-        return probabilities, confidences
+    def temperature(self, question_type: str, confidence: bool = False) -> float:
+        """The temperature that divides a question type's logits: for its probabilities, or for its ``confidence``
+        field when that was fitted apart (``calibration.calibrate``). The one place temperatures are applied from."""
+        if confidence and self.confidence_temperatures:
+            return self.confidence_temperatures[question_type]
+        return self.temperatures[question_type]
 
-    def predict(self, cases: Split, raw: bool = False) -> list[dict[str, np.ndarray]]:
-        """The probabilities of ``outputs``."""
-        return self.outputs(cases, raw)[0]
-
-    def in_domain(self, features: torch.Tensor, workflows: list[str], raw: bool = False) -> np.ndarray:
-        """Per row of ``features``, the weight the heads' answers keep: 1 inside the range of the training features,
-        falling towards 0 beyond it (``anomaly.Router.in_domain``); all 1 without a router or with ``raw``."""
-        if raw or self.router is None:
-            return np.ones(len(workflows))
-        return self.router.in_domain(self.router.density.distance(features.cpu().double().numpy(), workflows))
-
-    def _outputs(self, logits: dict[str, torch.Tensor], workflow: str, weight: float = 1.0,
-                 priors: dict | None = None) -> dict[str, tuple]:
+    def answer_parts(self, logits: dict[str, torch.Tensor], workflow: str, weight: float = 1.0,
+                     priors: dict | None = None) -> dict[str, tuple]:
         """``(probabilities, confidence)`` per question from one input's head logits. With ``weight`` w < 1 (an
         input far from the training data), the probabilities become w * heads + (1 - w) * the training prior, and
         the confidence (the chance the answer is right) w * the heads' confidence in that answer: an input unlike
@@ -198,36 +227,67 @@ class DecisionModel(nn.Module):
         ``priors`` (workflow -> question -> distribution): the router's unless given."""
         out = {}
         for qid, z in logits.items():
-            q = self.schema[workflow][qid]
-            p = calibrated(z, self.temperatures[q.type]).double().cpu().numpy()
-            sure = p if not self.confidence_temperatures else (
-                calibrated(z, self.confidence_temperatures[q.type]).double().cpu().numpy())
+            kind = self.schema[workflow][qid].type
+            p = calibrated(z, self.temperature(kind)).double().cpu().numpy()
+            sure = calibrated(z, self.temperature(kind, confidence=True)).double().cpu().numpy()
             if weight < 1:
                 p = weight * p + (1 - weight) * (self.router.priors if priors is None else priors)[workflow][qid]
-            out[qid] = (p, None if q.type == "noul" else float(weight * sure[int(np.argmax(p))]))
+            out[qid] = (p, None if kind == "noul" else float(weight * sure[int(np.argmax(p))]))
         return out
 
-    def _answers(self, features: torch.Tensor, workflow: str, questions: dict[str, Question],
-                 raw: bool = False) -> dict[str, dict]:
-        """System One answers to ``questions`` from one row of features."""
-        weight = self.in_domain(features, [workflow], raw)[0]
-        logits = self.heads(features, workflow, list(questions))
-        parts = self._outputs({qid: z[0] for qid, z in logits.items()}, workflow, weight)
+    def readout(self, output: DecisionOutput, weights: np.ndarray | None = None
+                ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
+        """Per input and question, the probabilities (in option order) and the ``confidence`` field that
+        ``decide`` answers with, at the heads' ``weights`` (``in_domain``; default 1: the heads alone)."""
+        weights = np.ones(len(output.workflows)) if weights is None else weights
+        probabilities: list[dict[str, np.ndarray]] = []
+        confidences: list[dict[str, float]] = []
+        for logits, workflow, weight in zip(output.per_case(), output.workflows, weights):
+            parts = self.answer_parts(logits, workflow, weight)
+            probabilities.append({qid: p for qid, (p, _) in parts.items()})
+            confidences.append({qid: c for qid, (_, c) in parts.items() if c is not None})
+        return probabilities, confidences
+
+    @torch.inference_mode()
+    def outputs(self, cases: Split, raw: bool = False) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
+        """``readout`` of a whole split, distance-aware when a router is fitted: what ``metrics.score`` takes.
+        ``raw=True``: the calibrated heads alone (see ``anomaly``)."""
+        output = self.split_output(cases)
+        return self.readout(output, self.in_domain(output, raw))
+
+    def predict(self, cases: Split, raw: bool = False) -> list[dict[str, np.ndarray]]:
+        """The probabilities of ``outputs``."""
+        return self.outputs(cases, raw)[0]
+
+    def in_domain(self, output: DecisionOutput, raw: bool = False) -> np.ndarray:
+        """Per input of ``output``, the weight the heads' answers keep: 1 inside the range of the training features,
+        falling towards 0 beyond it (``anomaly.Router.in_domain``); all 1 without a router or with ``raw``."""
+        if raw or self.router is None:
+            return np.ones(len(output.workflows))
+        return self.router.in_domain(self.router.density.distance(output.features.cpu().double().numpy(),
+                                                                  output.workflows))
+
+    def _answers(self, logits: dict[str, torch.Tensor], workflow: str, questions: dict[str, Question],
+                 weight: float) -> dict[str, dict]:
+        """System One answers to ``questions`` from one input's logits (``DecisionOutput.per_case``)."""
+        parts = self.answer_parts({qid: logits[qid] for qid in questions}, workflow, weight)
         return {qid: answer(q, *parts[qid]) for qid, q in questions.items()}
 
-    def _read(self, state: Any, questions: dict | None, workflow: str | None, raw: bool = False):
+    def _read(self, state: Any, questions: dict | None, workflow: str | None, raw: bool = False, every: bool = False):
+        """The output for one state (every trained question of its workflow with ``every``, as the router scores
+        them; else the asked ones) and the answers to the asked questions."""
         workflow, asked = systemone.check(self.schema, questions, workflow)
-        features = self([render_state(state, workflow)])
-        return workflow, features, self._answers(features, workflow, asked, raw)
+        output = self([render_state(state, workflow)], [workflow], questions=None if every else list(asked))
+        return output, self._answers(output.per_case()[0], workflow, asked, self.in_domain(output, raw)[0])
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
                raw: bool = False) -> dict[str, dict]:
         """Answer ``questions`` (System One shape; default: every trained question) about ``state``. With a router,
-        the answers are distance-aware (``_outputs``); ``raw=True`` gives the calibrated heads alone. A state longer
-        than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it instead
-        (422 on field 'state'), since a client cannot see the cut."""
-        return self._read(state, questions, workflow, raw)[2]
+        the answers are distance-aware (``answer_parts``); ``raw=True`` gives the calibrated heads alone. A state
+        longer than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it
+        instead (422 on field 'state'), since a client cannot see the cut."""
+        return self._read(state, questions, workflow, raw)[1]
 
     @torch.inference_mode()
     def route(self, state: Any, questions: dict | None = None, workflow: str | None = None,
@@ -236,15 +296,17 @@ class DecisionModel(nn.Module):
         The scores cover every trained question of the workflow, as when the threshold was set; the verdict does
         not depend on ``raw``, which only changes the answers shown."""
         self._require_router()
-        return self._routed(*self._read(state, questions, workflow, raw))
+        output, answers = self._read(state, questions, workflow, raw, every=True)
+        return self._routed(self.router.scores(self, output).iloc[0], answers)
 
     def _require_router(self) -> None:
         if self.router is None:
             raise ValueError("this model has no anomaly threshold; fit one with "
                              "decisionkit.anomaly.fit_router(model, train, validation) and save the model")
 
-    def _routed(self, workflow: str, features: torch.Tensor, answers: dict) -> dict:
-        scores = self.router.scores(self, features, [workflow]).iloc[0].to_dict()
+    def _routed(self, scores: pd.Series, answers: dict) -> dict:
+        """The answers, the router's verdict on ``scores`` (one input's row of ``Router.scores``) and the scores."""
+        scores = scores.to_dict()
         return {"answers": answers, **self.router.verdict(scores), "scores": {k: float(v) for k, v in scores.items()}}
 
     @torch.inference_mode()
@@ -257,16 +319,15 @@ class DecisionModel(nn.Module):
         checked = [systemone.check(self.schema, r.get("questions"), r.get("workflow")) for r in requests]
         texts = [render_state(r["state"], workflow) for r, (workflow, _) in zip(requests, checked)]
         order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
-        features: list[torch.Tensor | None] = [None] * len(texts)
+        results: list[dict | None] = [None] * len(texts)
         for lo in range(0, len(texts), batch_size):
             rows = order[lo:lo + batch_size]
-            batch = self([texts[i] for i in rows])
+            output = self([texts[i] for i in rows], [checked[i][0] for i in rows])
+            logits, weights = output.per_case(), self.in_domain(output)
+            scores = self.router.scores(self, output) if route else None
             for j, i in enumerate(rows):
-                features[i] = batch[j:j + 1]
-        results = []
-        for (workflow, asked), row in zip(checked, features):
-            answers = self._answers(row, workflow, asked)
-            results.append(self._routed(workflow, row, answers) if route else answers)
+                answers = self._answers(logits[j], *checked[i], weights[j])
+                results[i] = self._routed(scores.iloc[j], answers) if route else answers
         return results
 
     # ----- saving ---------------------------------------------------------------------------------------------
@@ -289,11 +350,10 @@ class DecisionModel(nn.Module):
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the model folder atomically: a crash mid-save leaves the previous save intact."""
+        """Write the model folder atomically: a crash mid-save leaves the previous save intact, and whatever else
+        the folder held (training history, reports, a checkpoint) is carried over."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-        try:
+        with atomic_folder(path) as scratch:
             tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in self.heads.state_dict().items()}
             tensors["feature_mean"] = self.feature_mean.cpu()
             tensors["feature_std"] = self.feature_std.cpu()
@@ -308,18 +368,8 @@ class DecisionModel(nn.Module):
                 self.backbone.tokenizer.save_pretrained(scratch / BACKBONE_DIR)
                 config["backbone"]["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
             (scratch / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-            for item in scratch.rglob("*"):  # safetensors writes owner-only files; a saved model is shared
-                item.chmod(0o755 if item.is_dir() else 0o644)
-            scratch.chmod(0o755)
-            old = path.with_name(f".{path.name}.old")
             if path.exists():
                 _carry_over(path, scratch)
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(path, old)
-            os.replace(scratch, path)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         return path
 
     def load_trained(self, path: str | Path) -> None:
@@ -360,7 +410,7 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     if config.get("format") != FORMAT_VERSION:
         raise ValueError(f"{config_path}: format {config.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
     saved = config["backbone"]
-    quantize = "4bit" if saved["quantize"] else None
+    quantize = QuantSettings(**saved["quantize"]) if saved["quantize"] else None  # as trained, not the defaults
     tuned = saved.get("tuned", False)
     base = load_backbone(backbone or (path / BACKBONE_DIR if tuned else saved["name"]), quantize=quantize,
                          device=device)

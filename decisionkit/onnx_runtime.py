@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ import torch
 from torch import nn
 
 from . import settings
+from .atomic import atomic_folder
 from .features import tokenize
 from .pooling import pool_unchecked
 
@@ -48,18 +47,13 @@ def export(model, folder: str | Path | None = None) -> Path:
     path = folder / "pooled.onnx"
     if path.is_file():
         return path
-    scratch = folder.with_name(folder.name + ".partial")  # written whole, then renamed: no half export is ever read
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
     example = tokenize(model.backbone, ["workflow: example\nstate"], model.spec.max_length)
     batch, length = torch.export.Dim("batch", max=256), torch.export.Dim("length", max=model.spec.max_length)
-    with torch.no_grad():
+    with atomic_folder(folder) as scratch, torch.no_grad():  # written whole, then renamed: no half export is read
         torch.onnx.export(PooledBackbone(model).eval(), (example["input_ids"], example["attention_mask"]),
                           scratch / path.name, dynamo=True, input_names=["input_ids", "attention_mask"],
                           output_names=["pooled"], external_data=True, opset_version=EXPORT_OPSET,
                           dynamic_shapes={"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}})
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(scratch, folder)
     return path
 
 

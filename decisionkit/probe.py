@@ -15,8 +15,10 @@ import torch
 
 from .data import Split
 from .features import Features, extract_features
-from .heads import HeadSet, fit_heads, predict
+from .heads import HeadSet, calibrated, group_rows
 from .metrics import Scores, score
+from .model import DecisionOutput
+from .training import fit_heads
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
 
@@ -46,7 +48,11 @@ def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validatio
     vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
     heads = HeadSet(train.schema(), tx.shape[1])
     fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, progress=False)
-    return ProbeResult(name, fit.l2, score(validation, predict(heads, vx, validation)), pd.DataFrame(fit.history))
+    rows = group_rows(validation.case_workflows)
+    with torch.no_grad():
+        output = DecisionOutput(vx, validation.case_workflows, heads.read(vx, rows), rows)
+    probabilities = [{qid: calibrated(z).double().numpy() for qid, z in logits.items()} for logits in output.per_case()]
+    return ProbeResult(name, fit.l2, score(validation, probabilities), pd.DataFrame(fit.history))
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .atomic import write_text
 from .environment import environment
 from .metrics import Scores
 
@@ -27,15 +28,6 @@ REFERENCES = pd.DataFrame([
     {"model": "prior (benchmark row)", "accuracy": 0.470},
     {"model": "uniform (benchmark row)", "kl": 0.444, "brier": 0.238},
 ]).set_index("model")
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` beside ``path`` and rename it into place: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(text)
-    scratch.replace(path)
 
 
 def git_commit() -> str:
@@ -114,9 +106,9 @@ class RunReport:
         sets = {**{f"scores/{k}": v for k, v in self.scores.items()},
                 **{f"baselines/{k}": v for k, v in self.baselines.items()}}
         rows = pd.concat([s.decisions.assign(set=name) for name, s in sets.items()], ignore_index=True)
-        write_atomic(Path(folder) / DECISIONS_FILE, rows.to_csv(index=False))
-        write_atomic(Path(folder) / "report.md", self.markdown())
-        write_atomic(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
+        write_text(Path(folder) / DECISIONS_FILE, rows.to_csv(index=False))
+        write_text(Path(folder) / "report.md", self.markdown())
+        write_text(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
 
     @classmethod
     def load(cls, folder: str | Path) -> "RunReport":
@@ -151,6 +143,18 @@ def run_row(folder: str | Path, split: str = "test") -> dict:
             **{k: scores[k] for k in ("accuracy", "kl", "brier", "ece", "ece_confidence")},
             "training (min)": training["seconds"] / 60, "peak memory (GB)": training["peak_memory_gb"],
             "compute dtype": training.get("compute_dtype", "float32")}
+
+
+def finetune_table(reports: dict[str, "RunReport"]) -> pd.DataFrame:
+    """Per fine-tuning run: the step saved, its dev loss against stage 1's best (the saved step is never worse:
+    step 0 is the stage-1 model), the training time and the compute dtype."""
+    rows = {}
+    for name, r in reports.items():
+        stage_1 = r.history[r.history["stage"] == "heads"]["val_loss"].min()
+        rows[name] = {"best step": r.training["best step"], "best dev loss": r.training["best_val_loss"],
+                      "stage-1 dev loss": stage_1, "training (min)": r.training["seconds"] / 60,
+                      "compute dtype": r.training["compute_dtype"]}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None = None,

@@ -8,14 +8,16 @@ validation or test), a ``text`` (the state the model reads) and one label per qu
 and a distribution is written as JSON in its cell.
 
 ``load_scenario("tickets", "train")`` returns a ``Split`` like ``load_typed_decisions``, so ``train``, ``metrics``
-and ``decide`` work unchanged; the workflow name is the scenario's name. The project ships two scenarios in
-``data/``: ``tickets`` (support tickets) and ``ngs-qc`` (sequencing quality-control reports).
+and ``decide`` work unchanged; the workflow name is the scenario's name. The project ships two scenarios as
+package data in ``decisionkit/scenario_data/``: ``tickets`` (support tickets) and ``ngs-qc`` (sequencing
+quality-control reports).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,8 @@ import numpy as np
 
 from .data import Case, DataError, Gold, Question, Split, jsonl_rows, probability_vector
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # the project's own scenario folders
+# The project's own scenario folders, as package data (pyproject.toml lists them) so a wheel install finds them.
+DATA_DIR = Path(str(files("decisionkit") / "scenario_data"))
 SCENARIOS = ("tickets", "ngs-qc")
 SPLIT_NAMES = ("train", "validation", "test")
 

@@ -433,6 +433,59 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
             **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
 
 
+def bad_requests(good: dict) -> dict[str, tuple[str, bytes]]:
+    """Requests the server must refuse with a JSON 4xx, built from one good request body: name -> (method, body).
+    What each breaks: the JSON itself, a field's type or value, the model or question asked, the nesting depth,
+    the size limit, the HTTP method."""
+    def body(**changes) -> bytes:
+        return json.dumps({**good, **changes}).encode()
+
+    return {
+        "malformed JSON": ("POST", b"{'state': 1"),
+        "state null": ("POST", body(state=None)),
+        "state empty": ("POST", body(state="")),
+        "state 42": ("POST", body(state=42)),
+        "NaN in the state": ("POST", body(state={"x": float("nan")})),
+        "workflow a list": ("POST", body(workflow=["a"])),
+        "unknown model": ("POST", body(model="jev-latest")),
+        "unknown question": ("POST", body(questions={"colour": {"type": "noul"}})),
+        "100k nested brackets": ("POST", b'{"model": "m", "state": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        "body over the limit": ("POST", body(state="x" * 300_000)),
+        "PUT": ("PUT", json.dumps(good).encode()),
+    }
+
+
+def refusals(url: str, good: dict) -> pd.DataFrame:
+    """Send each of ``bad_requests(good)`` to the server at ``url`` (127.0.0.1): per request the status, whether
+    the answer is JSON, and its ``detail`` (cut to 110 characters)."""
+    rows = {}
+    for name, (method, body) in bad_requests(good).items():
+        request = urllib.request.Request(f"{url}{ENDPOINT}", data=body, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=300) as response:
+                status, kind, payload = response.status, response.headers["content-type"], response.read()
+        except urllib.error.HTTPError as refused:
+            status, kind, payload = refused.code, refused.headers["content-type"], refused.read()
+        detail = json.loads(payload).get("detail") if kind == "application/json" else payload[:110].decode()
+        rows[name] = {"status": status, "JSON": kind == "application/json", "detail": str(detail)[:110]}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def served_vs_decided(served: dict, decided: dict, atol: float = 1e-4) -> pd.DataFrame:
+    """The answers a server sent beside ``decide()``'s for the same request, one row per field (``team.choice``,
+    ``team.probabilities.billing``, ...), and whether they agree: strings exactly, numbers within ``atol``."""
+    a, b = pd.json_normalize(served).T[0], pd.json_normalize(decided).T[0]
+    table = pd.DataFrame({"served": a, "decide()": b})
+    numbers = pd.to_numeric(table["decide()"], errors="coerce").notna() & pd.to_numeric(
+        table["served"], errors="coerce").notna()
+    same = table["served"] == table["decide()"]
+    close = (pd.to_numeric(table["served"], errors="coerce") - pd.to_numeric(table["decide()"], errors="coerce")
+             ).abs() <= atol
+    table["agree"] = np.where(numbers, close, same)
+    return table
+
+
 def requests_for(model, name: str, cases, count: int) -> tuple[list[dict], list[bytes]]:
     """The first ``count`` of ``cases`` short enough for ``model`` (a longer state is refused, not answered), as
     ``decide_many`` requests and as System One request bodies for the model served as ``name``."""

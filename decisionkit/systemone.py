@@ -293,6 +293,18 @@ def answer(question: Question, probs: np.ndarray, confidence: float | None = Non
             "legend": dict(zip(question.options, question.descriptions)), "probabilities": table}
 
 
+def answer_table(answers: Mapping[str, dict]) -> "pd.DataFrame":
+    """System One answers as a table: per question its type, the answer (the option, the expected level, or
+    P(true)) and the confidence (a yes/no answer carries none: its top probability stands in)."""
+    import pandas as pd
+
+    rows = {}
+    for qid, a in answers.items():
+        top = a.get("confidence", max(a["noul"], 1 - a["noul"]) if a["type"] == "noul" else None)
+        rows[qid] = {"type": a["type"], "answer": a.get("choice", a.get("score", a.get("noul"))), "confidence": top}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 # ----- a wire request through a model -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Prepared:

@@ -8,7 +8,7 @@ import decisionkit
 from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, FeatureDensity, Inputs, _cross_fitted, anomalous,
                                  evaluate_scores, fit_router, load_inputs, lowest_confidence)
 from decisionkit.data import DataError
-from decisionkit.heads import batch_loss, targets
+from decisionkit.heads import targets
 from decisionkit.metrics import gold_priors
 
 POEM = "autumn wind through golden leaves under the moon"
@@ -65,7 +65,7 @@ def test_threshold_rejects_the_target_share_of_held_out_inputs(quick_model, spli
     validation = splits["validation"].head(10)
     router = fit_router(model, splits["train"].head(10), validation, rejection=0.1, folds=1)  # validation only
     assert router.fitted_on == {"validation": 40, "cross-fitted train": 0, "folds": 0}
-    values = router.scores(model, model.split_features(validation), validation.case_workflows)[router.score]
+    values = router.scores(model, model.split_output(validation))[router.score]
     assert anomalous(router.score, values, router.threshold).mean() <= 0.1  # low confidence goes to a human
     assert (values <= router.threshold).mean() >= 0.1
 
@@ -82,13 +82,15 @@ def test_cross_fitted_heads_never_saw_the_cases_they_score(quick_model, splits):
     train = splits["train"].head(10)
     x = model.split_features(train)
     seen, held_loss, fit_loss = [], [], []
-    for k, (features, workflows, heads, density) in enumerate(_cross_fitted(model, train, x, folds=4)):
-        rows = [i for i in range(len(train)) if any(torch_equal(x[i], f) for f in features)]
+    for k, (output, density, heads) in enumerate(_cross_fitted(model, train, x, folds=4)):
+        rows = [i for i in range(len(train)) if any(torch_equal(x[i], f) for f in output.features)]
         seen += rows
         rest = [i for i in range(len(train)) if i not in rows]
-        held_loss.append(batch_loss(heads, features, targets(train, rows)).item())
-        fit_loss.append(batch_loss(heads, x[rest], targets(train, rest)).item())
-        assert set(density.centres) == set(train.workflows) >= set(workflows) and len(density.mean) == x.shape[1]
+        held_loss.append(output.loss.item())
+        fit_loss.append(model.read(x[rest], [train[i].workflow for i in rest], targets(train, rest),
+                                   heads=heads).loss.item())
+        assert set(density.centres) == set(train.workflows) >= set(output.workflows)
+        assert len(density.mean) == x.shape[1]
     assert sorted(seen) == list(range(len(train)))  # every train case held out exactly once
     assert np.mean(held_loss) > np.mean(fit_loss)
 
@@ -122,8 +124,10 @@ def test_a_far_input_answers_the_training_prior_with_no_confidence(routed, split
         heads = raw[qid].get("probabilities") or {"true": raw[qid]["noul"]}
         got = a.get("probabilities") or {"true": a["noul"]}
         assert got == pytest.approx({o: weight * heads[o] + (1 - weight) * prior[o] for o in got}, abs=1e-9)
-        if "confidence" in a:
-            assert a["confidence"] == pytest.approx(weight * raw[qid]["confidence"], rel=1e-6, abs=1e-300)
+        if "confidence" in a:  # the heads' confidence in the answer given (the blend's top option), times the weight;
+            # the quick model is not calibrated, so the heads' confidence in an option is their probability of it
+            top = max(got, key=got.get)
+            assert a["confidence"] == pytest.approx(weight * heads[top], rel=1e-6, abs=1e-300)
 
 
 def test_halfway_out_the_answer_is_half_heads_half_prior(routed):
@@ -141,16 +145,31 @@ def test_halfway_out_the_answer_is_half_heads_half_prior(routed):
     prior = far["answers"]["category"]["probabilities"]  # the far answer is the prior
     for option, p in a["probabilities"].items():
         assert p == pytest.approx(0.5 * r["probabilities"][option] + 0.5 * prior[option], abs=1e-6)
-    assert a["confidence"] == pytest.approx(0.5 * r["confidence"], rel=1e-6)  # same top option here
+    top = max(a["probabilities"], key=a["probabilities"].get)  # the blend's answer, not necessarily the heads'
+    assert a["confidence"] == pytest.approx(0.5 * r["probabilities"][top], rel=1e-6)  # uncalibrated: confidence = p
 
 
 def test_route_answers_and_scores_a_poem(routed, splits):
     model, router, _ = routed
     result = model.route(POEM, workflow="customer_service")
-    assert result["verdict"] in ("answer", "human") and router.score in result["reason"]
-    assert set(result["scores"]) >= set(SCORES)
-    assert set(result["answers"]) == set(model.schema["customer_service"])
-    assert 0 <= result["scores"]["msp"] <= 1 and 0 <= result["scores"]["entropy"] <= 1
+    scores = result["scores"]
+    # the verdict is the threshold's: a confidence below it goes to a human, and the reason quotes both numbers
+    assert result["verdict"] == ("human" if scores["confidence"] < router.threshold else "answer")
+    assert result["reason"].startswith(f"confidence {scores['confidence']:.3g} is ")
+    assert f"threshold {router.threshold:.3g}" in result["reason"]
+    questions = model.schema["customer_service"]
+    assert set(scores) >= set(SCORES) | {f"msp:{q}" for q in questions}
+    assert set(result["answers"]) == set(questions)
+    # MSP and entropy from the heads' own distributions (the raw answers), recomputed here
+    raw = model.decide(POEM, workflow="customer_service", raw=True)
+    dists = {q: np.array(list(a["probabilities"].values())) if "probabilities" in a else np.array([1 - a["noul"],
+                                                                                                    a["noul"]])
+             for q, a in raw.items()}
+    for q, p in dists.items():
+        assert scores[f"msp:{q}"] == pytest.approx(p.max(), abs=1e-6)
+    assert scores["msp"] == pytest.approx(1 - min(p.max() for p in dists.values()), abs=1e-6)
+    assert scores["entropy"] == pytest.approx(np.mean([-(p * np.log(np.clip(p, 1e-12, None))).sum() / np.log(len(p))
+                                                       for p in dists.values()]), abs=1e-5)
     case = splits["validation"][0]
     with pytest.raises(decisionkit.QuestionError, match="no trained head"):
         model.route(case.state, {"nope": {"type": "noul"}}, workflow=case.workflow)
@@ -176,13 +195,26 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
     model, _, _ = routed
     off = Inputs("off", ["p", "q", "r"], [f"workflow: security_incidents\n{t}" for t in (POEM, "def f(): pass", "")],
                  ["security_incidents"] * 3, ["poem", "code", "empty"])
-    report = evaluate_scores(model, splits["test"].head(2), off)
+    in_domain = splits["test"].head(2)
+    report = evaluate_scores(model, in_domain, off)
+    inside, outside = report.frames[report.in_domain], report.frames["off"]
+    assert inside["id"].tolist() == in_domain.ids and outside["id"].tolist() == ["p", "q", "r"]
     table = report.separation("off")
     assert list(table.index) == list(SCORES)
-    assert table["AUROC"].between(0, 1).all() and table["FPR at 95% TPR"].between(0, 1).all()
+    for s in SCORES:  # AUROC as the share of (in-domain, off-domain) pairs ordered right, ties half; FPR by count
+        sign = -1.0 if s in ("confidence", "raw confidence") else 1.0  # oriented so that higher is stranger
+        a, b = sign * inside[s].to_numpy(), sign * outside[s].to_numpy()
+        pairs = (b[None, :] > a[:, None]).mean() + 0.5 * (b[None, :] == a[:, None]).mean()
+        assert table.loc[s, "AUROC"] == pytest.approx(pairs), s
+        assert table.loc[s, "FPR at 95% TPR"] == pytest.approx((b <= np.quantile(a, 0.95)).mean()), s
     routed_table = report.routed()
-    assert isinstance(routed_table, pd.DataFrame) and routed_table["inputs"].sum() == 8 + 3
-    assert len(report.figure().data) == 2
+    assert routed_table["inputs"].to_dict() == {("off", "code"): 1, ("off", "empty"): 1, ("off", "poem"): 1,
+                                                (report.in_domain, "in-domain"): 8}
+    human = lambda frame: (frame["confidence"] < report.router.threshold).mean()  # noqa: E731
+    assert routed_table.loc[(report.in_domain, "in-domain"), "sent to a human"] == pytest.approx(human(inside))
+    assert routed_table.loc[("off", "poem"), "sent to a human"] == human(outside[outside["kind"] == "poem"])
+    figure = report.figure()
+    assert len(figure.data) == 2 and [t.name for t in figure.data] == [report.in_domain, "off"]
 
 
 def test_lowest_confidence_reads_the_confidence_fields():

@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 
 import pytest
@@ -87,3 +88,64 @@ def test_a_tampered_encoder_zip_is_refused(tmp_path):
     with pytest.raises(bb.BackboneError, match="expected 0000"):
         bb.converted_backbone(tampered, tmp_path)
     assert not (tmp_path / "backbones" / tampered.folder_name).exists()
+
+
+@pytest.fixture
+def weights_folder(tmp_path, monkeypatch):
+    """A marker-less folder of safetensors-named files (only their bytes are hashed) and a private cache root, plus
+    a counter of real hashing passes: every call of the module's weights_sha256 goes through it."""
+    monkeypatch.setenv("DECISIONKIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "model-00001.safetensors").write_bytes(b"a" * 4096)
+    (folder / "model-00002.safetensors").write_bytes(b"b" * 4096)
+    calls = []
+    real = bb.weights_sha256
+
+    def counted(path):
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(bb, "weights_sha256", counted)
+    return folder, calls, real
+
+
+def test_checksum_is_hashed_once_per_file_identity(weights_folder):
+    folder, calls, real = weights_folder
+    first = bb.cached_weights_sha256(folder)
+    assert first == real(folder) and len(calls) == 1
+    assert bb.cached_weights_sha256(folder) == first and len(calls) == 1  # read from the cache, files untouched
+    saved = json.loads((bb.settings.cache_dir() / bb.CHECKSUM_CACHE).read_text())
+    entry = saved[str(folder.absolute())]
+    assert entry["sha256"] == first and [f[0] for f in entry["files"]] == [
+        str(folder / "model-00001.safetensors"), str(folder / "model-00002.safetensors")]
+
+
+def test_a_changed_weight_file_is_hashed_again(weights_folder):
+    folder, calls, real = weights_folder
+    first = bb.cached_weights_sha256(folder)
+    shard = folder / "model-00002.safetensors"
+    stat = shard.stat()
+    shard.write_bytes(b"c" * 4096)  # same size, new content
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a coarse clock could repeat the mtime
+    changed = bb.cached_weights_sha256(folder)
+    assert len(calls) == 2 and changed != first and changed == real(folder)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000))  # touched only: hashed again, same digest
+    assert bb.cached_weights_sha256(folder) == changed and len(calls) == 3
+    (folder / "model-00003.safetensors").write_bytes(b"d")  # a new shard changes the set of files
+    assert bb.cached_weights_sha256(folder) == real(folder) != changed and len(calls) == 4
+
+
+def test_a_damaged_checksum_cache_is_rebuilt(weights_folder):
+    folder, calls, real = weights_folder
+    (bb.settings.cache_dir() / bb.CHECKSUM_CACHE).write_text("{not json")
+    assert bb.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
+    assert bb.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
+
+
+def test_backbone_checksum_without_a_marker_uses_the_cache(weights_folder):
+    folder, calls, real = weights_folder
+    resolved = bb.Resolved("local", folder, "local folder")
+    loads = [bb.Backbone(model=None, tokenizer=None, resolved=resolved, engine="transformers", device="cpu")
+             for _ in range(2)]  # two loads of the same folder: checksum is computed per Backbone
+    assert [b.checksum for b in loads] == [real(folder)] * 2 and len(calls) == 1

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import decisionkit
-from decisionkit.calibration import BOUNDS, DecisionLogits, calibrate, decision_logits, fit_temperature, risk_coverage
+from decisionkit.calibration import (BOUNDS, DecisionLogits, calibrate, decision_logits, fit_temperature, fitted_where,
+                                     risk_coverage)
 from decisionkit.metrics import expected_calibration_error, reliability_bins, score
 
 
@@ -125,3 +126,27 @@ def test_both_targets_fit_probabilities_and_confidence_apart(quick_model, splits
                                                    abs=1e-6)
     with pytest.raises(ValueError, match="expected one of both, label, distribution"):
         calibrate(model, validation, target="answer")
+
+
+def test_coverage_at_reads_the_risk_coverage_curve(quick_model, splits):
+    model = decisionkit.load(quick_model[0])
+    report = calibrate(model, splits["validation"].head(5), splits["test"].head(5))
+    table = report.coverage_at("test", thresholds=(0.0, 0.5, 2.0))
+    decisions = report.scores[("test", "after")].decisions
+    assert list(table.index) == ["confidence >= 0.0", "confidence >= 0.5"]  # nothing is 2.0 sure: left out
+    assert table.loc["confidence >= 0.0", "answered"] == 1.0
+    assert table.loc["confidence >= 0.0", "accuracy when answered"] == pytest.approx(decisions["correct"].mean())
+    sure = decisions[decisions["confidence"] >= 0.5]
+    assert table.loc["confidence >= 0.5", "answered"] == pytest.approx(len(sure) / len(decisions))
+    assert table.loc["confidence >= 0.5", "accuracy when answered"] == pytest.approx(sure["correct"].mean())
+
+
+def test_fitted_where_fits_each_split_and_scores_the_same_test(quick_model, splits):
+    model = decisionkit.load(quick_model[0])
+    validation, test, train = splits["validation"].head(5), splits["test"].head(5), splits["train"].head(5)
+    table = fitted_where(model, {"train": train, "validation": validation}, test)
+    for name, cases in (("train", train), ("validation", validation)):
+        t = fit_temperature(decision_logits(model, cases)).temperature
+        ece = score(test, decision_logits(model, test).predictions(dict.fromkeys(("noul", "choice", "score"), t)))
+        assert table.loc[f"fitted on {name}", "temperature"] == pytest.approx(t)
+        assert table.loc[f"fitted on {name}", "test ECE"] == pytest.approx(ece.overall()["ece"])

@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from decisionkit.generative import (DECISION, ab_test, answer_schema, generate_json, generative_baseline, json_prompt,
@@ -46,8 +47,14 @@ def test_answer_schema_allows_exactly_the_valid_answers(case):
     assert schema["required"] == list(case.questions) and schema["additionalProperties"] is False
     for qid, q in case.questions.items():
         allowed = schema["properties"][qid]
-        assert allowed == {"type": "boolean"} if q.type == "noul" else allowed["enum"] == (
-            list(q.options) if q.type == "choice" else [int(o) for o in q.options])
+        if q.type == "noul":
+            expected = {"type": "boolean"}
+        elif q.type == "choice":
+            expected = {"type": "string", "enum": list(q.options)}
+        else:
+            expected = {"type": "integer", "enum": list(range(len(q.options)))}  # levels 0..K-1
+        assert allowed == expected, qid
+    assert {q.type for q in case.questions.values()} == {"noul", "choice", "score"}  # every branch was checked
 
 
 def test_free_generation_is_timed_and_scored(backbone, splits):
@@ -55,10 +62,19 @@ def test_free_generation_is_timed_and_scored(backbone, splits):
                                  progress=False)
     r = result.requests
     assert len(r) == 4 and (r["output_tokens"] <= 8).all() and set(r["method"]) == {"free"}
-    assert (r["first_token_ms"] <= r["latency_ms"]).all() and (r["correct"].between(0, 5)).all()
+    assert (r["first_token_ms"] <= r["latency_ms"]).all()
     assert not r["valid"].any()  # eight tokens cannot hold five answers
+    # "correct" is the count of parsed answers equal to the gold's top option, counted again here from each text
+    cases = splits["validation"].head(1)
+    assert r["case"].tolist() == cases.ids and (r["questions"] == 5).all()
+    for case, (_, request) in zip(cases, r.iterrows()):
+        answers, problems = parse_answers(request["text"], case.questions)
+        gold = {qid: q.options[int(np.argmax(case.gold[qid].probabilities))] for qid, q in case.questions.items()}
+        assert request["correct"] == sum(answers.get(qid) == option for qid, option in gold.items())
+        assert request["problems"] == "; ".join(problems) and problems  # every invalid reply says why
     table = result.table()
-    assert table.loc[("free", 8), "requests"] == 4
+    assert table.loc[("free", 8), "requests"] == 4 and table.loc[("free", 8), "valid"] == 0.0
+    assert table.loc[("free", 8), "accuracy"] == pytest.approx(r["correct"].sum() / 20)
 
 
 def test_constrained_decoding_is_valid_json_of_the_schema(backbone, splits):
@@ -83,3 +99,9 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
     assert table.loc[DECISION, "kl"] == pytest.approx(decided["kl"])
     by_workflow = ab.table("workflow")
     assert len(by_workflow) == 4 * 4 and (by_workflow.xs(DECISION, level="method")["x decision p50"] == 1.0).all()
+    examples = ab.generative.examples(8, n=2, chars=40)
+    assert examples["method"].tolist() == ["free, 8 tokens"] * 2 + ["constrained"] * 2  # two of each, failures first
+    requests = ab.generative.requests
+    assert examples["text"].tolist() == [t[:40] for t in pd.concat([
+        requests[(requests["method"] == "free") & ~requests["valid"]]["text"].head(2),
+        requests[requests["method"] == "constrained"]["text"].head(2)])]

@@ -1,10 +1,12 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from decisionkit.heads import (HeadSet, batch_loss, expected_distance, fit_heads, refit_heads, soft_cross_entropy,
-                               targets)
+from decisionkit.heads import (HeadSet, calibrated, decision_loss, expected_distance, group_rows, soft_cross_entropy,
+                               targets, weight_norm)
+from decisionkit.training import fit_heads, refit_heads
 
 
 def one_hot(level: int, levels: int = 4) -> torch.Tensor:
@@ -27,7 +29,9 @@ def test_the_ordinal_term_touches_score_questions_only(splits):
         torch.nn.init.normal_(head.weight)
     x = torch.randn(len(cases), 8)
     target = targets(cases)
-    plain, ordinal = batch_loss(heads, x, target).item(), batch_loss(heads, x, target, ordinal=1.0).item()
+    logits = heads.read(x, target.rows)
+    plain = decision_loss(heads.schema, logits, target).item()
+    ordinal = decision_loss(heads.schema, logits, target, ordinal=1.0).item()
     extra = 0.0
     for workflow, rows in target.rows.items():
         for qid, z in heads(x[rows], workflow).items():
@@ -47,3 +51,55 @@ def test_fit_picks_on_held_out_cases_and_refit_repeats_the_choice(splits):
     chosen = {k: v.clone() for k, v in heads.state_dict().items()}
     refit_heads(heads, train, tx, fit)  # same cases, same L2 and steps: the same heads again
     assert all(torch.allclose(chosen[k], v, atol=1e-6) for k, v in heads.state_dict().items())
+
+
+def test_rows_group_by_workflow_in_order_of_first_appearance(splits):
+    assert group_rows(["b", "a", "b", "c", "a"]) == {"b": [0, 2], "a": [1, 4], "c": [3]}
+    assert list(group_rows(["b", "a", "b"])) == ["b", "a"]
+    cases = splits["validation"]
+    picked = [5, 0, 21, 1]  # two workflows, interleaved
+    target = targets(cases, picked)
+    assert target.rows == group_rows([cases[i].workflow for i in picked])
+    for workflow, positions in target.rows.items():  # gold row j is case picked[positions[j]]'s
+        for qid, gold in target.gold[workflow].items():
+            expected = [cases[picked[p]].gold[qid].probabilities for p in positions]
+            assert torch.allclose(gold, torch.tensor(np.stack(expected), dtype=torch.float32))
+
+
+def test_heads_start_uniform_and_answer_each_workflow_its_own_questions(splits):
+    cases = splits["validation"].head(1)
+    heads = HeadSet(cases.schema(), 6)
+    x = torch.randn(3, 6)
+    for workflow, questions in cases.schema().items():
+        logits = heads(x, workflow)
+        assert list(logits) == list(questions)
+        for qid, z in logits.items():
+            p = calibrated(z)
+            assert p.shape == (3, len(questions[qid].options))
+            assert torch.allclose(p, torch.full_like(p, 1 / len(questions[qid].options)))  # zero init: uniform
+
+
+def test_temperature_divides_the_logits():
+    z = torch.tensor([[2.0, 0.0, -1.0]])
+    assert torch.allclose(calibrated(z, 2.0), torch.softmax(z / 2, -1))
+    assert calibrated(z, 2.0)[0, 0] < calibrated(z)[0, 0]  # a temperature above 1 flattens
+    e = [math.exp(v / 0.5) for v in (2.0, 0.0, -1.0)]
+    assert calibrated(z, 0.5)[0].tolist() == pytest.approx([v / sum(e) for v in e])
+
+
+def test_soft_cross_entropy_by_hand():
+    z = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])  # softmax rows: (1/4, 3/4) and (1/2, 1/2)
+    gold = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    by_hand = (-(0.5 * math.log(0.25) + 0.5 * math.log(0.75)) - math.log(0.5)) / 2  # mean over the batch
+    assert soft_cross_entropy(z, gold).item() == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_weight_norm_counts_weights_not_biases(splits):
+    heads = HeadSet(splits["validation"].head(1).schema(), 4)
+    assert weight_norm(heads).item() == 0.0
+    first = next(iter(heads.heads.values()))
+    with torch.no_grad():
+        first.bias.fill_(5.0)
+        assert weight_norm(heads).item() == 0.0  # biases are not penalised
+        first.weight.fill_(0.5)
+    assert weight_norm(heads).item() == pytest.approx(0.25 * first.weight.numel())

@@ -1,8 +1,18 @@
+"""The latency lab's measurements, checked by what holds whatever the machine's speed: counts, shapes, the
+arithmetic from samples to statistics (on a fake clock where the value itself matters) and relations that hold by
+construction. How fast things are is for the benchmark scripts; a loaded CI machine must not fail these tests."""
+
+import subprocess
+import types
+
 import numpy as np
 import pytest
 import torch
 
+from decisionkit import latency
 from decisionkit.latency import Scaling, Timing, cold_start, decision_timings, head_scaling, naive_scaling, time_calls
+
+STATS = ["calls", "mean", "p50", "p95", "p99", "min", "max"]
 
 
 def test_timing_stats_are_ordered():
@@ -12,10 +22,18 @@ def test_timing_stats_are_ordered():
     assert s["min"] <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
 
 
-def test_time_calls_warms_up_then_times_every_input():
+def test_time_calls_warms_up_then_times_every_input(monkeypatch):
+    clock = {"now": 100.0}  # seconds; each call below takes exactly x milliseconds of it
+    monkeypatch.setattr(latency, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
     seen = []
-    timing = time_calls("append", seen.append, [1, 2, 3], warmup=2)
-    assert seen == [1, 2, 1, 2, 3] and len(timing.samples_ms) == 3 and (timing.samples_ms >= 0).all()
+
+    def call(x):
+        seen.append(x)
+        clock["now"] += x / 1e3
+
+    timing = time_calls("append", call, [1, 2, 3], warmup=2)
+    assert seen == [1, 2, 1, 2, 3]  # two untimed warm-up calls, then one timed call per input
+    assert timing.samples_ms == pytest.approx([1.0, 2.0, 3.0])  # milliseconds, the warm-up calls not among them
 
 
 def test_slope_of_a_line():
@@ -27,30 +45,66 @@ def test_decision_timings_and_cold_start(quick_model, splits):
     cases = splits["validation"].head(1)
     result = decision_timings(model, cases, warmup=1)
     table = result.table()
-    assert list(table.index) == ["tokenize", "forward + heads", "tokenize + forward + heads"]
+    names = ["tokenize", "forward + heads", "tokenize + forward + heads"]
+    assert list(table.index) == names and list(table.columns) == STATS
     assert (table["calls"] == len(cases)).all()
-    assert result["tokenize"].median < result["forward + heads"].median  # the backbone dominates
+    for name in names:  # one sample per case, and the table is those samples' statistics
+        samples = result[name].samples_ms
+        assert len(samples) == len(cases) and np.isfinite(samples).all() and (samples > 0).all()
+        assert table.loc[name, "p50"] == pytest.approx(np.median(samples))
+        assert table.loc[name, "min"] == samples.min() and table.loc[name, "max"] == samples.max()
     assert {"cpu", "torch threads"} <= set(result.hardware)
+    assert [trace.name for trace in result.figure().data] == names
     cold = cold_start(path, cases[0])
-    assert cold["import (s)"] > 0 and cold["load (s)"] > 0 and cold["first decide (ms)"] > 0
+    assert set(cold) == {"import (s)", "load (s)", "first decide (ms)"}
+    assert all(np.isfinite(v) and v > 0 for v in cold.values())
+    with pytest.raises(subprocess.CalledProcessError):  # the fresh process really loads the folder it is given
+        cold_start(path.parent / "no-such-model", cases[0])
 
 
-def test_extra_heads_cost_little_and_naive_questions_cost_a_pass(quick_model, splits):
+def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_model, splits, monkeypatch):
     _, model = quick_model
     case = splits["validation"][0]
+    encodings = []
+    real_encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda batch: encodings.append(1) or real_encode(batch))
     heads, encode_ms = head_scaling(model, case.text, counts=(1, 8, 32), repeats=20)
-    naive = naive_scaling(model.backbone, case, counts=(1, 2, 3), max_length=128, repeats=1)
-    assert heads.slope_ms < 0.05 * encode_ms  # a head is a tiny projection next to the encoding
-    assert naive.slope_ms > 0.3 * encode_ms  # each naive question re-reads the state
+    # The encoding is timed max(3, 20 // 40) = 3 times and computed once more for the heads to read: however many
+    # heads answer, no head runs the backbone again.
+    assert len(encodings) == 3 + 1
+    assert heads.counts == [1, 8, 32] and len(heads.ms) == 3
+    assert all(ms > encode_ms for ms in heads.ms)  # each point is the encoding plus its heads
+    passes = []  # the prompt length of every forward pass of the backbone
+    hook = model.backbone.body.register_forward_pre_hook(
+        lambda module, args, kwargs: passes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        naive = naive_scaling(model.backbone, case, counts=(1, 2, 3), max_length=128, repeats=1)
+    finally:
+        hook.remove()
+    assert naive.counts == [1, 2, 3] and len(naive.ms) == 3
+    assert len(passes) == 1 + (1 + 2 + 3)  # a warm-up pass, then one forward pass per question asked
+    state_alone = len(model.backbone.tokenizer(case.text)["input_ids"])
+    assert all(min(state_alone, 128) <= n <= 128 for n in passes)  # each pass re-reads the state (and its question)
 
 
-def test_length_sweep_grows_with_tokens(quick_model, splits):
+def test_length_sweep_cuts_every_input_to_each_length(quick_model, splits, monkeypatch):
     from decisionkit.latency import length_sweep
 
     _, model = quick_model
-    sweep = length_sweep(model, splits["validation"].head(1).texts[:2], lengths=(16, 128), repeats=2)
-    assert sweep.loc[16, "mean tokens"] == 16 and sweep.loc[128, "mean tokens"] > 16
-    assert sweep.loc[128, "median ms"] > sweep.loc[16, "median ms"]
+    texts = splits["validation"].head(1).texts[:2]
+    shapes = []
+    real_encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda batch: shapes.append(tuple(batch["input_ids"].shape))
+                        or real_encode(batch))
+    sweep = length_sweep(model, texts, lengths=(16, 64, 256), repeats=2)
+    assert list(sweep.index) == [16, 64, 256] and list(sweep.columns) == ["mean tokens", "median ms"]
+    full = [len(model.backbone.tokenizer(t)["input_ids"]) for t in texts]  # counted without the sweep's code
+    assert min(full) > 64 and min(full) < 256 < max(full)  # 16 and 64 cut both texts, 256 only the longer one
+    for n in (16, 64, 256):
+        assert sweep.loc[n, "mean tokens"] == np.mean([min(k, n) for k in full])
+    # per length: one warm-up pass (the first text), then ``repeats`` timed passes of each text, cut to that length
+    assert shapes == [(1, min(full[i], n)) for n in (16, 64, 256) for i in (0, 0, 0, 1, 1)]
+    assert np.isfinite(sweep["median ms"]).all() and (sweep["median ms"] > 0).all()
 
 
 def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, splits):
@@ -66,8 +120,22 @@ def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, 
     table = speed_table(model, cases, train, names, warmup=1)
     assert list(table.index) == list(names) and table.loc["float32, batch 1", "speed-up"] == 1.0
     assert table["heads re-fitted"].tolist() == [False, False, True]
-    assert (table["cases/s"] > 0).all() and table.attrs["float32 matmul GFLOP/s"] > 0
-    assert table["arithmetic floor ms"].iloc[:2].gt(0).all() and np.isnan(table["arithmetic floor ms"].iloc[2])
+    # Batch 4 on these 8 cases: two batches, each case charged a quarter of its batch's time, so the median case
+    # time is the mean and cases/s is exactly 1000 / (median ms per case).
+    assert len(cases) == 8 and np.isfinite(table["cases/s"]).all() and (table["cases/s"] > 0).all()
+    batched = table.loc["bfloat16 autocast, batch 4"]
+    assert batched["cases/s"] * batched["median ms per case"] == pytest.approx(1000.0)
+    assert table["speed-up"].tolist() == pytest.approx(
+        (table["median ms per case"].iloc[0] / table["median ms per case"]).tolist())
+    # The floor: the same forward FLOPs over each dtype's measured matmul rate; int8 has no measured rate.
+    floors, attrs = table["arithmetic floor ms"], table.attrs
+    assert attrs["float32 matmul GFLOP/s"] > 0 and attrs["bfloat16 matmul GFLOP/s"] > 0
+    expected = latency.forward_flops(model.backbone, int(attrs["median tokens"])) / (
+        attrs["float32 matmul GFLOP/s"] * 1e9) * 1e3
+    assert floors.iloc[0] == pytest.approx(expected)
+    assert floors.iloc[1] / floors.iloc[0] == pytest.approx(
+        attrs["float32 matmul GFLOP/s"] / attrs["bfloat16 matmul GFLOP/s"])
+    assert np.isnan(floors.iloc[2])
     # The float32 row reproduces what the model itself predicts when it computes in float32.
     in_float32 = copy.deepcopy(model)
     in_float32.backbone.precision = Precision("cpu", "float32", "test")

@@ -132,3 +132,59 @@ def test_decide_many_equals_decide_per_request(model, splits, monkeypatch):
                 assert got[qid][key] == (value if isinstance(value, str) else pytest.approx(value, abs=1e-4))
     with pytest.raises(ValueError, match="no anomaly threshold"):
         model.decide_many(requests[:1], route=True)
+
+
+def test_one_forward_gives_features_logits_per_question_and_the_loss(model, splits, monkeypatch):
+    from decisionkit.heads import soft_cross_entropy, targets
+    from decisionkit.precision import Precision
+
+    monkeypatch.setattr(model.backbone, "precision", Precision("cpu", "float32", "test"))  # padding: sums' order only
+
+    cases = Split("mixed", [splits["validation"][i] for i in (0, 21, 1)], "test")  # two workflows, interleaved
+    target = targets(cases)
+    output = model(cases.texts, cases.case_workflows, target)
+    assert output.features.shape == (3, model.heads.heads[next(iter(model.heads.heads))].in_features)
+    assert output.rows == {cases[0].workflow: [0, 2], cases[1].workflow: [1]}
+    per_case = output.per_case()
+    for i, case in enumerate(cases):
+        assert per_case[i].keys() == case.questions.keys()
+        alone = model([case.text], [case.workflow])  # the same input read on its own
+        for qid, z in per_case[i].items():
+            assert torch.allclose(z, alone.logits[case.workflow][qid][0], atol=1e-4)
+    by_hand = sum(soft_cross_entropy(per_case[i][q][None], torch.tensor(c.gold[q].probabilities[None],
+                                                                        dtype=torch.float32))
+                  for i, c in enumerate(cases) for q in c.questions) / target.decisions
+    assert output.loss.item() == pytest.approx(by_hand.item(), rel=1e-4)
+    assert model(cases.texts, cases.case_workflows).loss is None
+
+
+def test_temperatures_are_looked_up_in_one_place(model):
+    workflow, qid = next((w, q) for w, qs in model.schema.items() for q, x in qs.items() if x.type == "score")
+    z = torch.tensor([0.0, 1.0, 3.0, 0.5])[:len(model.schema[workflow][qid].options)]
+    model.temperatures["score"], model.confidence_temperatures = 2.0, {"noul": 1.0, "choice": 1.0, "score": 0.5}
+    try:
+        assert model.temperature("score") == 2.0 and model.temperature("score", confidence=True) == 0.5
+        p, confidence = model.answer_parts({qid: z}, workflow)[qid]
+        assert p == pytest.approx(torch.softmax(z / 2.0, -1).double().numpy())
+        assert confidence == pytest.approx(float(torch.softmax(z / 0.5, -1)[int(np.argmax(p))]))
+    finally:
+        model.temperatures["score"], model.confidence_temperatures = 1.0, None
+    assert model.temperature("score", confidence=True) == 1.0  # no separate fit: the probabilities' temperature
+
+
+def test_saved_quantization_settings_come_back(model, tmp_path, monkeypatch):
+    from decisionkit import model as model_module
+    from decisionkit.backbone import QuantSettings
+
+    quant = QuantSettings(quant_type="fp4", double_quant=False, compute_dtype="bfloat16")
+    monkeypatch.setattr(model.backbone, "quantize", quant)
+    path = model.save(tmp_path / "q")
+    asked = {}
+
+    def spy(name, quantize=None, device=None):  # records what load asks for, then loads the plain backbone
+        asked["quantize"] = quantize
+        return model.backbone
+
+    monkeypatch.setattr(model_module, "load_backbone", spy)
+    load(path)
+    assert asked["quantize"] == quant

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from decisionkit.metrics import score, uniform_predictions
-from decisionkit.report import HISTORY_FILE, REFERENCES, RunReport, comparison
+from decisionkit.report import HISTORY_FILE, REFERENCES, RunReport, comparison, finetune_table
 
 
 @pytest.fixture
@@ -45,3 +45,33 @@ def test_the_comparison_labels_measured_and_quoted_rows(saved_run, splits):
     assert table.loc["tiny (measured)", "accuracy"] == pytest.approx(report.scores["test"].overall()["accuracy"])
     quoted = table[table.index.str.endswith("(quoted)")]
     assert len(quoted) == len(REFERENCES) and quoted["accuracy"].dropna().tolist() == REFERENCES["accuracy"].dropna().tolist()
+
+
+def test_table_card_and_markdown_carry_every_set(saved_run):
+    folder, report = saved_run
+    table = report.table()
+    assert list(table.index) == ["trained model (validation)", "trained model (test)", "uniform"]
+    uniform = report.scores["test"].overall()
+    for name in table.index:  # every row is that set's pooled scores
+        assert table.loc[name, "kl"] == pytest.approx(uniform["kl"]) and table.loc[name, "decisions"] == 40
+    card = report.card()
+    assert "backbone   org/tiny-model (test)" in card and "preset cpu-quick, 90 s, peak memory 1.50 GB" in card
+    assert f"accuracy {uniform['accuracy']:.3f}  KL {uniform['kl']:.3f}" in card
+    markdown = (folder / "report.md").read_text()
+    for heading in ("## Scores", "## validation: by question type", "## test: by workflow",
+                    "## Quoted references (not measured here)"):
+        assert heading in markdown
+    saved = json.loads((folder / "report.json").read_text())
+    assert saved["test"]["kl"] == pytest.approx(uniform["kl"]) and set(saved["baselines"]) == {"uniform"}
+    assert set(saved["test"]["by_type"]) == {"noul", "choice", "score"}
+
+
+def test_finetune_table_sets_the_saved_step_beside_stage_one(saved_run):
+    _, report = saved_run
+    history = pd.DataFrame([{"stage": "heads", "l2": 0.01, "step": s, "val_loss": v} for s, v in ((0, 1.6), (10, 1.3))]
+                           + [{"stage": "lora", "step": 40, "val_loss": 1.1}])
+    tuned = RunReport(**{**report.__dict__, "history": history,
+                         "training": {**report.training, "best step": 40, "best_val_loss": 1.1}})
+    table = finetune_table({"lora": tuned})
+    assert table.loc["lora"].to_dict() == {"best step": 40, "best dev loss": 1.1, "stage-1 dev loss": 1.3,
+                                           "training (min)": 1.5, "compute dtype": "bfloat16"}

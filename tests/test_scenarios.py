@@ -6,7 +6,8 @@ import pytest
 import decisionkit
 from decisionkit.data import DataError
 from decisionkit.scenarios import load_examples, load_scenario, load_schema
-from decisionkit.training import preset, train
+from decisionkit.metrics import score, uniform_predictions
+from decisionkit.training import evaluate, preset, train
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},
@@ -86,7 +87,17 @@ def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
                features=decisionkit.FeatureSpec(max_length=96))
     result = train(p, tmp_path / "tickets", progress=False)
     assert result.extra["train cases"] == 40
+    assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
     model = decisionkit.load(tmp_path / "tickets")
     answers = model.decide("my credit card was charged twice, refund today")
     assert set(answers) == {"team", "priority", "sentiment", "contains_pii", "language"}
-    assert answers["team"]["choice"] in ("billing", "technical_support", "account_management")
+    # Uniform heads answer every question with its first option (billing, en): these answers need the text read.
+    # Measured with these settings: step 10, validation accuracy 0.765 against 0.543 for uniform answers.
+    assert answers["team"]["choice"] == "billing" and answers["language"]["choice"] == "en"
+    crash = model.decide("the app crashes every time I open it, please fix the bug")
+    assert crash["team"]["choice"] == "technical_support"
+    assert model.decide("我的账户被锁定了，无法登录")["language"]["choice"] == "zh"
+    assert model.decide("necesito cambiar la contraseña de mi cuenta")["language"]["choice"] == "es"
+    validation = load_scenario("tickets", "validation")
+    accuracy = evaluate(model, "validation", dataset="tickets").overall()["accuracy"]
+    assert accuracy > score(validation, uniform_predictions(validation)).overall()["accuracy"] + 0.1

@@ -18,6 +18,7 @@ import typesafe_sdk as sdk
 from fastapi import FastAPI
 
 import decisionkit
+from decisionkit import serve
 from decisionkit.anomaly import fit_router
 from decisionkit.cli import build_parser, main
 from decisionkit.serve import ENDPOINT, InFlightLimit, Limits, launch, load_test
@@ -102,14 +103,24 @@ def test_sdk_async_client_concurrent_requests_share_batches_and_match(served, ca
 def test_sdk_error_classes(served, cases):
     server, name, _ = served
     case = cases[0]
+    refused = {}  # what -> the first item of the 422's detail: the field it names and why
     with client(server, name) as sdk_client:
-        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="no trained head"):
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="no trained head") as caught:
             sdk_client.system_one(state=case.state, questions={"colour": sdk.Noul(instructions="red?")},
                                   extra_body={"workflow": case.workflow})
-        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="is not served here"):
+        refused["untrained question"] = caught.value
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="is not served here") as caught:
             sdk_client.system_one(state=case.state, questions=questions(case), model="jev-latest")
-        with pytest.raises(sdk.TypeSafeUnprocessableEntityError, match="state"):
+        refused["unknown model"] = caught.value
+        with pytest.raises(sdk.TypeSafeUnprocessableEntityError) as caught:
             sdk_client.system_one(state="", questions=questions(case))
+        refused["empty state"] = caught.value
+    assert {what: error.status for what, error in refused.items()} == dict.fromkeys(refused, 422)
+    where = {what: error.body["detail"][0]["loc"][:3] for what, error in refused.items()}
+    assert where == {"untrained question": ["body", "questions", "colour"], "unknown model": ["body", "model"],
+                     "empty state": ["body", "state"]}
+    assert "colour" in refused["untrained question"].body["detail"][0]["msg"]
+    assert "jev-latest" in refused["unknown model"].body["detail"][0]["msg"]
     with sdk.TypeSafeClient(api_key="local", base_url=f"{server.url}/nope", retry=sdk.RetryPolicy(max_retries=0)) as c:
         with pytest.raises(sdk.TypeSafeNotFoundError):
             c.models.list()
@@ -213,7 +224,7 @@ def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
 
 def test_a_poem_reaches_an_sdk_client_with_confidence_below_the_routing_threshold(quick_model, splits, tmp_path):
     model = decisionkit.load(quick_model[0])
-    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10))
+    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10), folds=2)
     path = model.save(tmp_path / "routed")
     poem = "autumn wind through golden leaves under the moon"
     asked = {q: x.to_json() for q, x in model.schema["customer_service"].items()}
@@ -323,3 +334,30 @@ def test_decide_command_reads_standard_input(quick_model, cases, monkeypatch, ca
     assert main(["decide", str(path)]) == 2
     refused = {tuple(item["loc"]) for item in json.loads(capsys.readouterr().out)["detail"]}
     assert refused == {("body", "state"), ("body", "questions")}
+
+
+def test_the_course_refusal_table_is_what_the_server_answers(served, cases):
+    server, name, _ = served
+    good = json.loads(good_body(name, cases[0]))
+    table = serve.refusals(server.url, good)
+    assert list(table.index) == list(serve.bad_requests(good))
+    expected = {"malformed JSON": 422, "unknown model": 422, "unknown question": 422, "state null": 422,
+                "body over the limit": 413, "PUT": 405}
+    assert table.loc[list(expected), "status"].to_dict() == expected
+    assert table["status"].between(400, 499).all() and table["JSON"].all()
+    assert "jev-latest" in table.loc["unknown model", "detail"] and "colour" in table.loc["unknown question", "detail"]
+
+
+def test_served_answers_are_compared_field_by_field(served, cases):
+    server, name, model = served
+    case = cases[0]
+    with client(server, name) as sdk_client:
+        asked = {q: getattr(sdk, x["type"].capitalize())(**x) for q, x in questions(case).items()}
+        result = sdk_client.system_one(state=case.state, questions=asked)
+    local = model.decide(case.state, questions(case))
+    table = serve.served_vs_decided(result.raw_http_response.json()["answers"], local)
+    assert table["agree"].all() and len(table) > len(local)  # one row per field, not per question
+    qid, answer = next((q, a) for q, a in local.items() if a["type"] == "choice")
+    changed = {**local, qid: {**answer, "confidence": answer["confidence"] + 1e-3}}
+    other = serve.served_vs_decided(result.raw_http_response.json()["answers"], changed)
+    assert other.loc[~other["agree"]].index.tolist() == [f"{qid}.confidence"]  # past atol: the one field flagged

@@ -8,7 +8,8 @@ from typesafe_sdk._schemas import models as wire
 
 from decisionkit import systemone
 from decisionkit.data import Question
-from decisionkit.systemone import QuestionError, Refusal, SystemOneRequest, answer, check, prepare, respond
+from decisionkit.systemone import (QuestionError, Refusal, SystemOneRequest, answer, answer_table, check, prepare,
+                                   respond)
 
 # Our model -> the official SDK's generated model of the same wire object.
 SAME_AS_SDK = {
@@ -123,3 +124,14 @@ def test_prepare_and_respond_with_a_model(quick_model, splits):
         refused = prepare(models, request.model_copy(update=bad))
         assert isinstance(refused, Refusal) and refused.detail[0]["loc"] == ["body", loc]
         assert respond(models, [refused]) == [refused]
+
+
+def test_answer_table_shows_each_answer_and_its_confidence():
+    answers = {"urgent": {"type": "noul", "noul": 0.2},
+               "team": {"type": "choice", "choice": "billing", "confidence": 0.7, "probabilities": {"billing": 0.6}},
+               "risk": {"type": "score", "score": 1.4, "confidence": 0.5, "legend": {}, "probabilities": {}}}
+    table = answer_table(answers)
+    assert list(table.index) == ["urgent", "team", "risk"]
+    assert table.loc["urgent"].tolist() == ["noul", 0.2, pytest.approx(0.8)]  # P(false) is the surer side
+    assert table.loc["team"].tolist() == ["choice", "billing", 0.7]  # the confidence field, not the probability
+    assert table.loc["risk"].tolist() == ["score", 1.4, 0.5]
