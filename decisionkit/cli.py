@@ -18,13 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import __version__, settings
+from .atomic import write_text
 from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
-from .metrics import score
 from .model import QuestionError, load
-from .atomic import write_text
 from .report import RunReport, run_report
-from .training import PRESETS, evaluate, load_split, preset, train
+from .training import PRESETS, evaluate
 
 
 def _write_json(path: Path, payload: dict) -> None:

@@ -293,8 +293,8 @@ def answer(question: Question, probs: np.ndarray, confidence: float | None = Non
             "legend": dict(zip(question.options, question.descriptions)), "probabilities": table}
 
 
-def answer_table(answers: Mapping[str, dict]) -> "pd.DataFrame":
-    """System One answers as a table: per question its type, the answer (the option, the expected level, or
+def answer_table(answers: Mapping[str, dict]):
+    """System One answers as a pandas table: per question its type, the answer (the option, the expected level, or
     P(true)) and the confidence (a yes/no answer carries none: its top probability stands in)."""
     import pandas as pd
 

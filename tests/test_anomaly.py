@@ -1,7 +1,6 @@
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 
 import decisionkit
