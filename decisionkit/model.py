@@ -273,12 +273,12 @@ class DecisionModel(nn.Module):
         parts = self.answer_parts({qid: logits[qid] for qid in questions}, workflow, weight)
         return {qid: answer(q, *parts[qid]) for qid, q in questions.items()}
 
-    def _read(self, state: Any, questions: dict | None, workflow: str | None, raw: bool = False, every: bool = False):
+    def _read(self, state: Any, questions: dict | None, workflow: str | None, every: bool = False):
         """The output for one state (every trained question of its workflow with ``every``, as the router scores
-        them; else the asked ones) and the answers to the asked questions."""
+        them; else the asked ones), its workflow and the asked questions."""
         workflow, asked = systemone.check(self.schema, questions, workflow)
         output = self([render_state(state, workflow)], [workflow], questions=None if every else list(asked))
-        return output, self._answers(output.per_case()[0], workflow, asked, self.in_domain(output, raw)[0])
+        return output, workflow, asked
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
@@ -287,7 +287,8 @@ class DecisionModel(nn.Module):
         the answers are distance-aware (``answer_parts``); ``raw=True`` gives the calibrated heads alone. A state
         longer than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it
         instead (422 on field 'state'), since a client cannot see the cut."""
-        return self._read(state, questions, workflow, raw)[1]
+        output, workflow, asked = self._read(state, questions, workflow)
+        return self._answers(output.per_case()[0], workflow, asked, self.in_domain(output, raw)[0])
 
     @torch.inference_mode()
     def route(self, state: Any, questions: dict | None = None, workflow: str | None = None,
@@ -296,8 +297,10 @@ class DecisionModel(nn.Module):
         The scores cover every trained question of the workflow, as when the threshold was set; the verdict does
         not depend on ``raw``, which only changes the answers shown."""
         self._require_router()
-        output, answers = self._read(state, questions, workflow, raw, every=True)
-        return self._routed(self.router.scores(self, output).iloc[0], answers)
+        output, workflow, asked = self._read(state, questions, workflow, every=True)
+        scores = self.router.scores(self, output).iloc[0]  # its "in-domain" column is the answers' weight
+        weight = 1.0 if raw else float(scores["in-domain"])
+        return self._routed(scores, self._answers(output.per_case()[0], workflow, asked, weight))
 
     def _require_router(self) -> None:
         if self.router is None:
@@ -323,8 +326,10 @@ class DecisionModel(nn.Module):
         for lo in range(0, len(texts), batch_size):
             rows = order[lo:lo + batch_size]
             output = self([texts[i] for i in rows], [checked[i][0] for i in rows])
-            logits, weights = output.per_case(), self.in_domain(output)
             scores = self.router.scores(self, output) if route else None
+            # with a router's scores at hand, their "in-domain" column is the weight: no second distance computation
+            weights = scores["in-domain"].to_numpy() if route else self.in_domain(output)
+            logits = output.per_case()
             for j, i in enumerate(rows):
                 answers = self._answers(logits[j], *checked[i], weights[j])
                 results[i] = self._routed(scores.iloc[j], answers) if route else answers

@@ -48,6 +48,7 @@ from .atomic import write_text
 from .backbone import ENCODER_BACKBONE, LoraSettings, load_backbone
 from .data import DEV_PER_WORKFLOW, Split, dev_slice, load_typed_decisions, token_lengths
 from .heads import HeadSet, Targets, decision_loss, targets, weight_norm
+from .memory import peak_rss_gb
 from .model import DecisionModel, FeatureSpec, load
 from .report import HISTORY_FILE
 
@@ -165,9 +166,7 @@ def peak_memory_gb(device: str) -> float:
     """CUDA max allocated on a GPU; the process's peak resident memory on CPU."""
     if device == "cuda":
         return torch.cuda.max_memory_allocated() / 1e9
-    from .memory import peak_rss_gb  # portable: ru_maxrss is KiB on Linux, bytes on macOS; Windows has no resource
-
-    return peak_rss_gb()
+    return peak_rss_gb()  # portable: ru_maxrss is KiB on Linux, bytes on macOS; Windows has no resource module
 
 
 @dataclass
