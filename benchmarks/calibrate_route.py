@@ -21,8 +21,16 @@ import time
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, TARGET_REJECTION, evaluate_scores, fit_router,
-                                 in_domain_calibration, load_inputs, lowest_confidence)
+from decisionkit.anomaly import (
+    OFF_DOMAIN_DIR,
+    SCORES,
+    TARGET_REJECTION,
+    evaluate_scores,
+    fit_router,
+    in_domain_calibration,
+    load_inputs,
+    lowest_confidence,
+)
 from decisionkit.calibration import CALIBRATIONS, calibrate
 from decisionkit.report import git_commit
 

@@ -27,8 +27,15 @@ from pathlib import Path
 import decisionkit as dk
 from decisionkit.backbone import ENCODER_BACKBONE
 from decisionkit.generative import ab_test
-from decisionkit.latency import (SPEED_VARIANTS, cold_start, hardware, head_scaling, length_sweep, naive_scaling,
-                                 speed_table)
+from decisionkit.latency import (
+    SPEED_VARIANTS,
+    cold_start,
+    hardware,
+    head_scaling,
+    length_sweep,
+    naive_scaling,
+    speed_table,
+)
 from decisionkit.precision import choose
 from decisionkit.report import git_commit
 

@@ -22,8 +22,18 @@ import pandas as pd
 
 import decisionkit as dk
 from decisionkit.latency import hardware
-from decisionkit.serve import (ENDPOINT, Batching, Limits, LoadComparison, batch_sweep, compare_batching,
-                               compute_facts, free_port, load_test, requests_for)
+from decisionkit.serve import (
+    ENDPOINT,
+    Batching,
+    Limits,
+    LoadComparison,
+    batch_sweep,
+    compare_batching,
+    compute_facts,
+    free_port,
+    load_test,
+    requests_for,
+)
 
 
 def ray_levels(run: Path, bodies, clients, rounds, min_requests, seconds) -> LoadComparison:

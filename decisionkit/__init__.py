@@ -11,7 +11,7 @@ from .pooling import POOLINGS, pool  # noqa: E402
 from .training import PRESETS, Preset, evaluate, preset, train  # noqa: E402
 
 __all__ = [
-    "Backbone", "Case", "DataError", "DecisionModel", "FeatureSpec", "LoraSettings", "POOLINGS", "PRESETS", "Preset",
+    "plots", "Backbone", "Case", "DataError", "DecisionModel", "FeatureSpec", "LoraSettings", "POOLINGS", "PRESETS", "Preset",
     "QuantSettings", "Question", "QuestionError", "Split", "evaluate", "extract_features", "load", "load_backbone",
     "load_typed_decisions", "pool", "preset", "render_state", "resolve_backbone", "token_lengths", "train",
 ]

@@ -23,7 +23,9 @@ from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
 from .model import QuestionError, load
 from .report import RunReport, run_report
-from .training import PRESETS, evaluate
+from .training import PRESETS, evaluate, preset
+
+SIZES = ("train_per_workflow", "validation_per_workflow", "head_steps")  # what `train` can shrink in a preset
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -32,9 +34,10 @@ def _write_json(path: Path, payload: dict) -> None:
 
 def run_training(args) -> RunReport:
     """The train / demo commands: ``report.run_report`` with the command's options, printed as it goes."""
-    print(f"training preset {args.preset} into {args.out}")
-    return run_report(args.preset, args.out, data_dir=args.data, zero_shot=args.zero_shot, resume=not args.restart,
-                      progress=not args.quiet)
+    sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
+    print(f"training preset {args.preset}{''.join(f', {k}={v}' for k, v in sizes.items())} into {args.out}")
+    return run_report(preset(args.preset, **sizes), args.out, data_dir=args.data, zero_shot=args.zero_shot,
+                      resume=not args.restart, progress=not args.quiet)
 
 
 def cmd_train(args) -> int:
@@ -122,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
         common(sub, "runs/demo" if name == "demo" else None)
         if name == "train":
             sub.add_argument("--out", required=True, help="folder for the model and its report")
+            for size, help_text in zip(SIZES, ("train cases per workflow", "validation cases per workflow",
+                                               "head fitting steps per L2 strength")):
+                sub.add_argument(f"--{size.replace('_', '-')}", type=int, metavar="N",
+                                 help=f"{help_text} (default: the preset's)")
         sub.add_argument("--zero-shot", type=int, default=5 if name == "demo" else 0, metavar="N",
                          help="also score the zero-shot baseline on N validation cases per workflow (0: skip)")
         sub.add_argument("--restart", action="store_true", help="ignore a checkpoint left by an interrupted run")

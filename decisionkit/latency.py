@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from .environment import environment
-from .precision import Precision
 from .features import tokenize
+from .precision import Precision
 
 PERCENTILES = (50, 95, 99)
 

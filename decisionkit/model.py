@@ -316,7 +316,10 @@ class DecisionModel(nn.Module):
     def decide_many(self, requests: Sequence[dict], batch_size: int = 16, route: bool = False) -> list[dict]:
         """``decide`` for many requests (each ``{"state", "questions"?, "workflow"?}``), or ``route`` with
         ``route=True``: states of similar length share one padded forward pass, ``batch_size`` at a time. Each
-        answer equals ``decide``'s for the same request up to float rounding (padding changes the sums' order)."""
+        answer agrees with ``decide``'s for the same request within ``precision.ANSWER_TOLERANCE`` of the compute
+        dtype: 1e-5 on every probability and confidence in float32 (padding changes only the sums' order), 0.02 in
+        bfloat16, whose CPU kernels depend on the batch's shape; a choice or score changes only where its top two
+        options lie within twice that (``systemone.disagreements`` checks it)."""
         if route:
             self._require_router()
         checked = [systemone.check(self.schema, r.get("questions"), r.get("workflow")) for r in requests]

@@ -8,6 +8,14 @@ one small matrix product in both dtypes (about 0.1 s, once per process). ``DECIS
 
 Autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer and the heads in float32, so a
 model trained under one dtype loads and answers under the other.
+
+What each dtype guarantees (``ANSWER_TOLERANCE``): the same state answered alone (``decide``), in a batch
+(``decide_many``) or through the server (which batches) gives every probability, ``confidence`` and ``noul`` within
+1e-5 in float32, and within 0.02 in bfloat16. The kernels a CPU picks for a bfloat16 matrix product depend on its
+shape, so a state's features move with the batch it is padded into (on Intel AMX by up to 0.2 standard deviations;
+answers moved by up to 1.9e-3). A ``choice`` or ``score`` can change only where its top two options lie within twice
+the tolerance. ``systemone.disagreements`` checks two answers against it; ``benchmarks/numerics.py`` measures it on
+the machine it runs on.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ import torch
 DTYPE_ENV = "DECISIONKIT_DTYPE"
 PROBE_SIZE = 512  # a 512x512 product: long enough to time, short enough to run on every start
 MIN_SPEEDUP = 1.2  # bfloat16 must beat float32 by this much to be worth its rounding
+# How far an answer may move between alone, batched and served (see above); the tests assert these numbers.
+ANSWER_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+CPU_FAMILIES = (("amx_bf16", "amx"), ("avx512_bf16", "avx512_bf16"), ("avx2", "avx2"))  # /proc/cpuinfo flag, name
 
 
 @dataclass(frozen=True)
@@ -40,8 +51,23 @@ class Precision:
         return nullcontext()
 
     def describe(self) -> dict:
-        return {"device": self.device, "compute_dtype": self.dtype, "reason": self.reason,
-                "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+        return {"device": self.device, "compute_dtype": self.dtype, "reason": self.reason, **kernels()}
+
+
+@functools.lru_cache(maxsize=None)
+def kernels() -> dict:
+    """Which kernels this CPU runs, recorded with every timing and measurement: torch's vector capability, whether
+    oneDNN has bfloat16 instructions here, the CPU family (``amx``, ``avx512_bf16``, ``avx2`` or ``other``, from
+    /proc/cpuinfo) and the oneDNN instruction-set cap, if one is set (``ONEDNN_MAX_CPU_ISA``)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            flags = set(next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), []))
+    except OSError:
+        flags = set()
+    family = next((name for flag, name in CPU_FAMILIES if flag in flags), "other")
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_family": family,
+            "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+            "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")}
 
 
 def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> float:

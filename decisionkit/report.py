@@ -6,6 +6,7 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,8 +14,12 @@ from .atomic import write_text
 from .environment import environment
 from .metrics import Scores
 
+if TYPE_CHECKING:
+    from .training import Preset
+
 DECISIONS_FILE = "decisions.csv"
 HISTORY_FILE = "history.json"  # written by training.train beside the model
+REPORT_FILE = "report.json"  # every metric of a run report; written last, so its presence means "complete"
 
 # Quoted from the course's reference run and the benchmark's leaderboard, never recomputed here.
 REFERENCES = pd.DataFrame([
@@ -108,13 +113,13 @@ class RunReport:
         rows = pd.concat([s.decisions.assign(set=name) for name, s in sets.items()], ignore_index=True)
         write_text(Path(folder) / DECISIONS_FILE, rows.to_csv(index=False))
         write_text(Path(folder) / "report.md", self.markdown())
-        write_text(Path(folder) / "report.json", json.dumps(self.to_json(), indent=2, default=str))
+        write_text(Path(folder) / REPORT_FILE, json.dumps(self.to_json(), indent=2, default=str))
 
     @classmethod
     def load(cls, folder: str | Path) -> "RunReport":
         """The report a run saved (``run_report`` / ``decisionkit train`` / ``benchmarks/train_preset.py``)."""
         folder = Path(folder)
-        saved = json.loads((folder / "report.json").read_text())
+        saved = json.loads((folder / REPORT_FILE).read_text())
         rows = pd.read_csv(folder / DECISIONS_FILE)
         sets = {name: Scores(rows[rows["set"] == name].drop(columns="set").reset_index(drop=True))
                 for name in rows["set"].unique()}  # in the order they were saved
@@ -137,7 +142,7 @@ COMPARISON_COLUMNS = ["backbone", "mode", "accuracy", "kl", "brier", "ece", "ece
 def run_row(folder: str | Path, split: str = "test") -> dict:
     """One row of a comparison from a saved run's ``report.json`` (written by ``decisionkit train``, ``demo`` and
     ``benchmarks/train_preset.py``): its scores on ``split``, training time and memory, where it ran."""
-    report = json.loads((Path(folder) / "report.json").read_text())
+    report = json.loads((Path(folder) / REPORT_FILE).read_text())
     training, scores = report["training"], report[split]
     return {"backbone": report["backbone"]["name"].split("/")[-1], "mode": training["mode"],
             **{k: scores[k] for k in ("accuracy", "kl", "brier", "ece", "ece_confidence")},
@@ -167,7 +172,7 @@ def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None =
     return pd.concat([pd.DataFrame.from_dict(rows, orient="index").reindex(columns=COMPARISON_COLUMNS), quoted])
 
 
-def run_report(preset_name: str, out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
+def run_report(preset_name: "str | Preset", out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
                progress: bool = True, reuse: bool = False, route: bool = True) -> "RunReport":
     """A run, end to end: train preset ``preset_name`` into ``out``, calibrate on validation (probabilities to the soft
     gold, confidence to the answer), fit the router (typed-decisions), score validation and test as the saved model
@@ -178,14 +183,17 @@ def run_report(preset_name: str, out: str | Path, data_dir=None, zero_shot: int 
     from .calibration import calibrate
     from .metrics import score
     from .model import load
-    from .training import load_split, preset, train
+    from .training import held_out_test, preset, train, training_pool, training_splits
 
-    if reuse and (Path(out) / "report.json").is_file():
+    if reuse and (Path(out) / REPORT_FILE).is_file():
         return RunReport.load(out)
-    p = preset(preset_name)
+    p = preset(preset_name) if isinstance(preset_name, str) else preset_name
     result = train(p, out, data_dir=data_dir, resume=resume, progress=progress)
     model = load(out)
-    splits = {name: load_split(p.dataset, name, data_dir) for name in ("train", "validation", "test")}
+    # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
+    # the test cases it is scored on (a sample for quick presets)
+    splits = {"train": training_pool(p, data_dir), "validation": training_splits(p, data_dir)[2],
+              "test": held_out_test(p, data_dir)}
     calibration = calibrate(model, splits["validation"], splits["test"])
     scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
     routing = {}

@@ -12,8 +12,9 @@ runs the models in an inference worker process and the HTTP side (routes, reques
 Every answer is JSON, errors included: 422 with ``{"detail": [{"loc", "msg", "type", "input"}]}`` for a request
 the contract or the model refuses; 400 for malformed HTTP (a Content-Length of -5, say); 404, 405; 408 when a
 body does not arrive within ``read_timeout`` seconds; 413 past ``max_body_bytes``; 415 for a Content-Encoding
-other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are waiting; 504 when the model did not
-answer within ``request_timeout``; 500 for a bug. The server binds to 127.0.0.1 unless told otherwise.
+other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are waiting for the model or
+``max_reading`` are still sending their bodies; 504 when the model did not answer within ``request_timeout``; 500
+for a bug. The server binds to 127.0.0.1 unless told otherwise.
 
 ``launch(runs)`` starts ``decisionkit serve`` in a child process and waits until it answers (notebooks, tests,
 benchmarks); ``load_test`` measures it. ``serve_ray.py`` deploys the same app on Ray Serve.
@@ -44,6 +45,7 @@ import pydantic_core
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import systemone
@@ -65,6 +67,7 @@ class Limits:
     max_body_bytes: int = 256 * 1024  # a typed-decisions state is a few KB; anything near this is a mistake
     read_timeout: float = 10.0  # seconds for a body to arrive: a slow or short body must not hold the server
     max_in_flight: int = 64  # requests to the model at once; more are told to retry (503 + Retry-After)
+    max_reading: int = 512  # requests still sending their bodies (each holds a socket and its bytes); more: 503
     retry_after: int = 2  # seconds, in that 503's Retry-After header
     request_timeout: float = 120.0  # seconds a request may wait for the model (LitServe answers 504 past it)
 
@@ -120,27 +123,14 @@ def health(models: dict[str, Path]) -> dict:
 
 # ----- reading requests -------------------------------------------------------------------------------------------
 class ContractRequest(Request):
-    """A request whose body is read within the limits (size, time), decoded when zstd-compressed, and parsed as
-    strict JSON: NaN and Infinity are refused, nesting is bounded (pydantic-core's parser stops at 200 levels)."""
+    """A request whose body (already read within the limits by ``RequestLimits``) is decoded when zstd-compressed,
+    and parsed as strict JSON: NaN and Infinity are refused, nesting is bounded (pydantic-core's parser stops at 200
+    levels)."""
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            limits: Limits = self.app.state.limits
-            declared = self.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limits.max_body_bytes:
-                raise _too_large(int(declared), limits)
-            chunks, size = [], 0
-            try:
-                with anyio.fail_after(limits.read_timeout):
-                    async for chunk in self.stream():
-                        size += len(chunk)
-                        if size > limits.max_body_bytes:
-                            raise _too_large(size, limits)
-                        chunks.append(chunk)
-            except TimeoutError:
-                raise HTTPException(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
-                                    f"{limits.read_timeout:g} s ({size} of {declared or '?'} bytes came)") from None
-            self._body = _decoded(b"".join(chunks), self.headers.get("content-encoding", "identity"), limits)
+            received = b"".join([chunk async for chunk in self.stream()])
+            self._body = _decoded(received, self.headers.get("content-encoding", "identity"), self.app.state.limits)
         return self._body
 
     async def json(self):
@@ -188,26 +178,70 @@ class ContractRoute(APIRoute):
         return contract_handler
 
 
-class InFlightLimit:
-    """ASGI middleware: once ``limit`` requests to the model are in flight, answer 503 with Retry-After instead of
-    queueing without end (a client may retry; the SDK does by itself)."""
+class RequestLimits:
+    """ASGI middleware on ``ENDPOINT``: a request's body is read in full before the request may wait for the model,
+    so a slow upload holds a reader's place, never a model slot. While its body arrives a request holds one of
+    ``max_reading`` places, and the body must come within ``read_timeout`` (408) and ``max_body_bytes`` (413); then
+    it takes one of ``max_in_flight`` slots and the app reads the body as received. Past either bound, 503 with
+    Retry-After instead of queueing without end (a client may retry; the SDK does by itself)."""
 
-    def __init__(self, app, limit: int, retry_after: int):
-        self.app, self.limit, self.retry_after, self.active = app, limit, retry_after, 0
+    def __init__(self, app, limits: Limits):
+        self.app, self.limits, self.reading, self.active = app, limits, 0, 0
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != ENDPOINT:
+        # the path the app routes on: Ray Serve mounts it under a route prefix, passed as root_path
+        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) != ENDPOINT:
             return await self.app(scope, receive, send)
-        if self.active >= self.limit:
-            busy = JSONResponse({"detail": f"{self.active} requests are in flight, the most this server takes; retry "
-                                           f"in {self.retry_after} s"}, HTTPStatus.SERVICE_UNAVAILABLE,
-                                headers={"Retry-After": str(self.retry_after)})
-            return await busy(scope, receive, send)
+        try:
+            body = await self._read(Request(scope, receive))
+            if self.active >= self.limits.max_in_flight:
+                raise self._busy(f"{self.active} requests are in flight, the most this server takes")
+        except HTTPException as refused:
+            answer = JSONResponse({"detail": refused.detail}, refused.status_code, headers=refused.headers)
+            return await answer(scope, receive, send)
+        except ClientDisconnect:
+            return  # the client left: no one to answer
+        replayed = False
+
+        async def replay():  # the body as read, then what the connection says next (a disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
         self.active += 1
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, replay, send)
         finally:
             self.active -= 1
+
+    async def _read(self, request: Request) -> bytes:
+        limits = self.limits
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise _too_large(int(declared), limits)
+        if self.reading >= limits.max_reading:
+            raise self._busy(f"{self.reading} requests are still sending their bodies, the most this server waits for")
+        self.reading += 1
+        chunks, size = [], 0
+        try:
+            with anyio.fail_after(limits.read_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limits.max_body_bytes:
+                        raise _too_large(size, limits)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise HTTPException(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
+                                f"{limits.read_timeout:g} s ({size} of {declared or '?'} bytes came)") from None
+        finally:
+            self.reading -= 1
+        return b"".join(chunks)
+
+    def _busy(self, why: str) -> HTTPException:
+        return HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"{why}; retry in {self.limits.retry_after} s",
+                             headers={"Retry-After": str(self.limits.retry_after)})
 
 
 class JSONErrorsProtocol(H11Protocol):
@@ -238,7 +272,7 @@ class JSONErrorsProtocol(H11Protocol):
 
     def _headers_late(self) -> None:
         if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
-            return  # the headers came; the body has its own timeout (ContractRequest)
+            return  # the headers came; the body has its own timeout (RequestLimits)
         if self.conn.our_state is h11.IDLE:
             self._send_json_error(408, b"Request Timeout", f"the request headers did not arrive within "
                                                          f"{self.header_timeout:g} s")
@@ -264,10 +298,12 @@ async def _internal_error(request: Request, err: Exception) -> JSONResponse:
 
 
 def install(app: FastAPI, models: dict[str, Path], limits: Limits) -> None:
-    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, strict request
-    reading, JSON for unexpected errors. ``POST /v1/systemone`` is added by the deployment (it owns the batching)."""
+    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, the limits on
+    reading a request (``RequestLimits``), strict parsing, JSON for unexpected errors. ``POST /v1/systemone`` is
+    added by the deployment (it owns the batching)."""
     app.state.limits = limits
     app.router.route_class = ContractRoute
+    app.add_middleware(RequestLimits, limits=limits)
     app.add_exception_handler(Exception, _internal_error)
 
     @app.get("/v1/models", response_model=ModelMetadataList)
@@ -314,9 +350,7 @@ class SystemOneServer(ls.LitServer):
     def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits()):
         self.served, self.limits = models, limits
         super().__init__(SystemOneAPI(models, batching), accelerator="auto", devices=1, timeout=limits.request_timeout,
-                         healthcheck_path="/litserve/health",  # LitServe's readiness probe; /health is ours
-                         middlewares=[(InFlightLimit, {"limit": limits.max_in_flight,
-                                                       "retry_after": limits.retry_after})])
+                         healthcheck_path="/litserve/health")  # LitServe's readiness probe; /health is ours
 
     def register_endpoints(self) -> None:
         install(self.app, self.served, self.limits)  # before LitServe adds its routes, so they read strictly too

@@ -6,9 +6,10 @@ proxy, each batching the requests it receives with ``@serve.batch``.
 
 On a cluster, connect first (``ray.init(address="auto")``) and run ``ray_app(runs)`` with ``serve.run``, or
 put ``decisionkit.serve_ray:ray_app`` in a Serve config file. What is shared with ``decisionkit serve``: the
-routes, the request reading and its limits, the contract checks (``systemone.prepare`` / ``respond``), JSON
-errors. What differs: Ray's proxy parses the HTTP (its 400s for malformed framing are Ray's own), and the
-deployment's ``max_ongoing_requests`` / ``max_queued_requests`` bound the load instead of ``InFlightLimit``.
+routes, the request reading and its limits (``RequestLimits``, in each replica), the contract checks
+(``systemone.prepare`` / ``respond``), JSON errors. What differs: Ray's proxy parses the HTTP (its 400s for malformed
+framing are Ray's own), and the deployment's ``max_ongoing_requests`` / ``max_queued_requests`` bound the load
+before a replica's ``RequestLimits`` sees it.
 ``benchmarks/load_serve.py --ray`` measures it on a local Ray instance.
 """
 

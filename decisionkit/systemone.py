@@ -293,6 +293,36 @@ def answer(question: Question, probs: np.ndarray, confidence: float | None = Non
             "legend": dict(zip(question.options, question.descriptions)), "probabilities": table}
 
 
+def disagreements(got: Mapping[str, dict], expected: Mapping[str, dict], tolerance: float) -> list[str]:
+    """Where two sets of answers to the same request differ beyond ``tolerance`` (``precision.ANSWER_TOLERANCE``
+    of the compute dtype), one line per field; empty when they agree. Every probability, ``confidence`` and ``noul``
+    within ``tolerance``; a score's expected level within ``tolerance`` times the sum of its levels (it is their
+    probability-weighted sum); the same choice, unless the expected top two lie within ``2 * tolerance``."""
+    if got.keys() != expected.keys():
+        return [f"questions {sorted(got)} != {sorted(expected)}"]
+    found = []
+    for qid, want in expected.items():
+        have = got[qid]
+        if have.keys() != want.keys() or have["type"] != want["type"]:
+            found.append(f"{qid}: {have.get('type')} {sorted(have)} != {want['type']} {sorted(want)}")
+            continue
+        probs = {str(k): v for k, v in want.get("probabilities", {}).items()}
+        have_probs = {str(k): v for k, v in have.get("probabilities", {}).items()}
+        if have_probs.keys() != probs.keys():
+            found.append(f"{qid}.probabilities: options {sorted(have_probs)} != {sorted(probs)}")
+            continue
+        bounds = {"noul": tolerance, "confidence": tolerance, "score": tolerance * sum(range(len(probs)))}
+        pairs = [(key, have[key], want[key], bounds[key]) for key in bounds if key in want]
+        pairs += [(f"probabilities.{o}", have_probs[o], p, tolerance) for o, p in probs.items()]
+        found += [f"{qid}.{key}: {a!r} != {b!r} (beyond {bound:g})" for key, a, b, bound in pairs if abs(a - b) > bound]
+        if want.get("legend") is not None and {str(k): v for k, v in have["legend"].items()} != want["legend"]:
+            found.append(f"{qid}.legend differs")
+        if "choice" in want and have["choice"] != want["choice"] and \
+                probs.get(have["choice"], -1.0) < probs[want["choice"]] - 2 * tolerance:
+            found.append(f"{qid}.choice: {have['choice']!r} != {want['choice']!r}")
+    return found
+
+
 def answer_table(answers: Mapping[str, dict]):
     """System One answers as a pandas table: per question its type, the answer (the option, the expected level, or
     P(true)) and the confidence (a yes/no answer carries none: its top probability stands in)."""

@@ -49,7 +49,7 @@ from .backbone import ENCODER_BACKBONE, LoraSettings, load_backbone
 from .data import DEV_PER_WORKFLOW, Split, dev_slice, load_typed_decisions, token_lengths
 from .heads import HeadSet, Targets, decision_loss, targets, weight_norm
 from .memory import peak_rss_gb
-from .model import DecisionModel, FeatureSpec, load
+from .model import BACKBONE_DIR, DecisionModel, FeatureSpec, load
 from .report import HISTORY_FILE
 
 MODES = ("heads", "full", "lora", "qlora")
@@ -69,6 +69,7 @@ class Preset:
     features: FeatureSpec = FeatureSpec()
     train_per_workflow: int | None = None  # None: all 280 train cases of each workflow
     validation_per_workflow: int | None = None  # None: all 20
+    test_per_workflow: int | None = None  # test cases a run report scores; None: all 100 (quick presets: a sample)
     dev_per_workflow: int = DEV_PER_WORKFLOW  # held out of train to pick L2 and steps; 0: pick on validation
     l2_grid: tuple[float, ...] = (1e-3, 3e-3, 1e-2)  # head L2 strengths tried on the dev slice
     head_steps: int = 400  # full-batch AdamW steps per L2 strength, on cached features
@@ -111,7 +112,8 @@ PRESETS = {
     # step 10, the first step checked, so the fit kept its uniform start (validation accuracy 0.275). Here it keeps
     # step 50 (L2 1) and reaches 0.505 on the 80 validation cases.
     "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=256), train_per_workflow=20,
-                        validation_per_workflow=10, dev_per_workflow=5, head_lr=3e-4, l2_grid=(1.0, 10.0)),
+                        validation_per_workflow=10, test_per_workflow=10, dev_per_workflow=5, head_lr=3e-4,
+                        l2_grid=(1.0, 10.0)),
     # Heads on frozen SmolLM2 features, full data: the fast baseline (about 6 minutes with bfloat16, mostly the
     # one-off extraction), and what `make demo` trains.
     "cpu-heads": Preset("cpu-heads", "heads"),
@@ -131,14 +133,14 @@ PRESETS = {
     "cpu-encoder": Preset("cpu-encoder", backbone=ENCODER_BACKBONE, **{**_FULL, "lr": 5e-5, "epochs": 3}),
     # The second stage on a handful of cases: for tests and quick demos of fine-tuning.
     "cpu-full-quick": Preset("cpu-full-quick", "full", features=FeatureSpec(max_length=64), train_per_workflow=4,
-                             validation_per_workflow=2, dev_per_workflow=1, head_steps=50, epochs=1, lr=1e-5,
-                             batch_size=4, eval_every=2),
+                             validation_per_workflow=2, test_per_workflow=2, dev_per_workflow=1, head_steps=50,
+                             epochs=1, lr=1e-5, batch_size=4, eval_every=2),
     "cpu-encoder-quick": Preset("cpu-encoder-quick", backbone=ENCODER_BACKBONE, features=FeatureSpec(max_length=64),
-                                train_per_workflow=4, validation_per_workflow=2, dev_per_workflow=1, head_steps=50,
-                                **{**_FULL, "lr": 5e-5, "epochs": 1, "batch_size": 4, "eval_every": 2}),
+                                train_per_workflow=4, validation_per_workflow=2, test_per_workflow=2,
+                                dev_per_workflow=1, head_steps=50, **{**_FULL, "lr": 5e-5, "epochs": 1, "batch_size": 4, "eval_every": 2}),
     "cpu-lora-quick": Preset("cpu-lora-quick", "lora", features=FeatureSpec(max_length=64), train_per_workflow=4,
-                             validation_per_workflow=2, dev_per_workflow=1, head_steps=50, lora=LoraSettings(),
-                             epochs=1, batch_size=4, eval_every=2),
+                             validation_per_workflow=2, test_per_workflow=2, dev_per_workflow=1, head_steps=50,
+                             lora=LoraSettings(), epochs=1, batch_size=4, eval_every=2),
     # Your own decisions (notebook 08): heads on the project's scenario data, which has its own validation split;
     # small sets want a stronger L2.
     "tickets": Preset("tickets", "heads", dataset="tickets", dev_per_workflow=0, l2_grid=(3e-3, 1e-2, 3e-2, 1e-1)),
@@ -267,6 +269,12 @@ def training_pool(p: Preset, data_dir=None) -> Split:
     return train.head(p.train_per_workflow + p.dev_per_workflow) if p.train_per_workflow else train
 
 
+def held_out_test(p: Preset, data_dir=None) -> Split:
+    """The test cases a run of preset ``p`` is scored on: all, or ``test_per_workflow`` of each workflow."""
+    test = load_split(p.dataset, "test", data_dir)
+    return test.head(p.test_per_workflow) if p.test_per_workflow else test
+
+
 def training_splits(p: Preset, data_dir=None) -> tuple[Split, Split, Split]:
     """``(train, dev, validation)`` for preset ``p``: the dev slice is held out of the training pool (or is the
     validation split itself when ``dev_per_workflow`` is 0)."""
@@ -285,9 +293,11 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
     """Train preset ``p`` and save the best model to ``out`` (``decisionkit.load(out)`` opens it)."""
     p = preset(p) if isinstance(p, str) else p
     out = Path(out)
-    seed_everything(p.seed)
     started = time.perf_counter()
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
+    # seeded after the load: a process's first load probes the compute dtype on random matrices, and the dropout
+    # masks of stage 2 must not depend on whether this run came first
+    seed_everything(p.seed)
     train_split, dev, validation = training_splits(p, data_dir)
     model = DecisionModel(backbone, train_split.schema(), p.features)
 
@@ -347,9 +357,12 @@ def mixed_steps(workflows: list[str], lengths: list[int], batch_size: int, micro
 
 
 def _save_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler, state: dict) -> None:
-    """The model, the optimizer moments (safetensors) and the trainer state (JSON, written last)."""
+    """The model, the optimizer moments and the random state (safetensors: a resumed run draws the dropout masks the
+    run would have drawn) and the trainer state (JSON, written last)."""
     core.save(folder)
-    flat, meta = {}, {}
+    flat, meta = {"rng.cpu": torch.get_rng_state()}, {}
+    if torch.cuda.is_available():
+        flat["rng.cuda"] = torch.cuda.get_rng_state()
     for index, moments in optimizer.state_dict()["state"].items():
         for name, value in moments.items():
             if torch.is_tensor(value):
@@ -364,9 +377,17 @@ def _save_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler, st
 
 def _load_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler) -> dict:
     core.load_trained(folder)
+    if core.tuned:  # a full fine-tune goes on from the checkpoint's backbone, not from the one it started with;
+        # not strict: a causal LM's output layer, tied to its embeddings, is not saved apart
+        core.encoder.load_state_dict({k: v for part in sorted((folder / BACKBONE_DIR).glob("*.safetensors"))
+                                      for k, v in load_file(str(part)).items()}, strict=False)
     payload = json.loads((folder / TRAINER_STATE).read_text())
+    tensors = load_file(str(folder / TRAINER_TENSORS))
+    torch.set_rng_state(tensors.pop("rng.cpu"))
+    if "rng.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors.pop("rng.cuda"))
     state: dict = {}
-    for key, value in load_file(str(folder / TRAINER_TENSORS)).items():
+    for key, value in tensors.items():
         index, name = key.split(".", 1)
         state.setdefault(int(index), {})[name] = value
     for index, moments in payload.pop("optimizer_state").items():
@@ -407,6 +428,7 @@ def _finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, o
     if p.finetune_head_lr > 0:
         groups.append({"params": list(model.heads.parameters()), "lr": p.finetune_head_lr, "weight_decay": 0.0})
     optimizer = torch.optim.AdamW(groups)
+    optimizer.zero_grad()  # stage 1 leaves its last gradients on the heads: the first step must not add them
     lengths = [min(n, model.spec.max_length) for n in token_lengths(train_split, model.backbone.tokenizer).lengths]
     workflows = train_split.case_workflows
     per_epoch = math.ceil(len(train_split) / p.batch_size)

@@ -15,7 +15,6 @@ import torch
 from tqdm.auto import tqdm
 
 from . import settings
-
 from .backbone import Backbone
 from .data import Question, Split
 

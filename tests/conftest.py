@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from decisionkit import load_backbone, load_typed_decisions
 
@@ -10,25 +11,50 @@ def backbone():
 
 
 @pytest.fixture(scope="session")
+def tiny_backbone_path(tmp_path_factory, backbone):
+    """A Llama of 4 layers, 64 wide, with random weights and SmolLM2's tokenizer (as LLMs-from-scratch tests its
+    code on small configs), for the tests that check mechanics alone: shapes, batching, saving, resuming. Its forward
+    pass costs about 1% of SmolLM2's. Tests of what a model learns use the real backbone."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-backbone")
+    config = LlamaConfig(vocab_size=len(backbone.tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=backbone.tokenizer.bos_token_id,
+                         eos_token_id=backbone.tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    backbone.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_backbone(tiny_backbone_path):
+    return load_backbone(tiny_backbone_path)
+
+
+@pytest.fixture(scope="session")
 def splits():
     return {name: load_typed_decisions(name) for name in ("train", "validation", "test")}
 
 
 @pytest.fixture(scope="session")
-def quick_model(tmp_path_factory, splits):
+def quick_model(splits):
     """A small trained heads-only model (40 train / 40 validation cases, short inputs), shared by the calibration,
-    anomaly and widget tests. Returns (path, model).
+    anomaly, serving and widget tests. Returns (path, model). It is trained once into the cache
+    (``runs.shared_run``), so the next session, and any process beside this one, reuses it: tests must not save
+    into its folder.
 
     Its heads must really learn, or the tests that use it cannot tell a working model from uniform answers: at the
     full recipe's rate (0.003) and L2 (1e-3 to 1e-2), 40 cases were overfitted by step 10 and the fit kept step 0,
     every answer uniform. cpu-quick's rate of 3e-4 and L2 of 1 or 10 keep a late step (measured: step 100 at L2 10,
     validation accuracy 0.455 on 80 cases)."""
-    from decisionkit import FeatureSpec, load, preset, train
+    from decisionkit import FeatureSpec, load
     from decisionkit.metrics import score, uniform_predictions
+    from decisionkit.runs import shared_run
 
-    path = tmp_path_factory.mktemp("quick-model") / "model"
-    train(preset("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
-                 features=FeatureSpec(max_length=128)), path, progress=False)
+    path = shared_run("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
+                      features=FeatureSpec(max_length=128))
     model = load(path)
     assert model.head_fit["steps"] > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
     validation = splits["validation"].head(10)

@@ -4,8 +4,17 @@ import numpy as np
 import pytest
 
 import decisionkit
-from decisionkit.anomaly import (OFF_DOMAIN_DIR, SCORES, FeatureDensity, Inputs, _cross_fitted, anomalous,
-                                 evaluate_scores, fit_router, load_inputs, lowest_confidence)
+from decisionkit.anomaly import (
+    OFF_DOMAIN_DIR,
+    SCORES,
+    FeatureDensity,
+    Inputs,
+    _cross_fitted,
+    evaluate_scores,
+    fit_router,
+    load_inputs,
+    lowest_confidence,
+)
 from decisionkit.data import DataError
 from decisionkit.heads import targets
 from decisionkit.metrics import gold_priors
@@ -64,9 +73,21 @@ def test_threshold_rejects_the_target_share_of_held_out_inputs(quick_model, spli
     validation = splits["validation"].head(10)
     router = fit_router(model, splits["train"].head(10), validation, rejection=0.1, folds=1)  # validation only
     assert router.fitted_on == {"validation": 40, "cross-fitted train": 0, "folds": 0}
-    values = router.scores(model, model.split_output(validation))[router.score]
-    assert anomalous(router.score, values, router.threshold).mean() <= 0.1  # low confidence goes to a human
-    assert (values <= router.threshold).mean() >= 0.1
+    # the lowest confidence field of each held-out case as the model answers it (readout, not Router.scores)
+    lowest = np.array([min(c.values()) for c in model.outputs(validation)[1]])
+    assert router.threshold == pytest.approx(np.quantile(lowest, 0.1), rel=1e-9)
+    assert (lowest < router.threshold).sum() == 4  # 10% of the 40 go to a human, exactly
+
+
+def test_a_router_on_the_mahalanobis_distance_sends_far_inputs_to_a_human(quick_model, splits):
+    model = decisionkit.load(quick_model[0])
+    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10), score="mahalanobis", folds=1)
+    far = model.route(POEM, workflow="customer_service")
+    assert far["verdict"] == "human" and far["scores"]["mahalanobis"] > router.threshold  # higher is stranger
+    assert far["reason"].startswith(f"mahalanobis {far['scores']['mahalanobis']:.3g} is above the threshold")
+    case = splits["test"][0]  # a real case none of the fit saw
+    real = model.route(case.state, workflow=case.workflow)
+    assert real["verdict"] == "answer" and real["scores"]["mahalanobis"] <= router.threshold
 
 
 def test_the_default_router_also_holds_out_every_train_case(routed):

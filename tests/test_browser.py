@@ -147,7 +147,8 @@ def routed_model(quick_model, splits, tmp_path_factory):
 
 
 def test_notebook_03_panel_in_jupyterlab(routed_model, lab, tmp_path):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
 
     path = routed_model
     model = decisionkit.load(path)  # the model the kernel loads, here to compute the answers the page must show

@@ -5,8 +5,15 @@ import pytest
 import torch
 
 import decisionkit
-from decisionkit.calibration import (BOUNDS, DecisionLogits, calibrate, decision_logits, fit_temperature, fitted_where,
-                                     risk_coverage)
+from decisionkit.calibration import (
+    BOUNDS,
+    DecisionLogits,
+    calibrate,
+    decision_logits,
+    fit_temperature,
+    fitted_where,
+    risk_coverage,
+)
 from decisionkit.metrics import expected_calibration_error, reliability_bins, score
 
 

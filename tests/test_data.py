@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from decisionkit.data import (
-    NOUL_OPTIONS, DataError, Question, load_typed_decisions, read_jsonl, render_state, token_lengths,
+    NOUL_OPTIONS,
+    DataError,
+    Question,
+    load_typed_decisions,
+    read_jsonl,
+    render_state,
+    token_lengths,
 )
 
 

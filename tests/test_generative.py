@@ -4,8 +4,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decisionkit.generative import (DECISION, ab_test, answer_schema, generate_json, generative_baseline, json_prompt,
-                                    parse_answers)
+from decisionkit.generative import (
+    DECISION,
+    ab_test,
+    answer_schema,
+    generate_json,
+    generative_baseline,
+    json_prompt,
+    option_scoring,
+    parse_answers,
+)
 from decisionkit.metrics import score
 
 
@@ -15,10 +23,14 @@ def case(splits):
 
 
 def test_parse_valid_answers(case):
-    answer = {qid: (q.options[-1] if q.type != "noul" else True) for qid, q in case.questions.items()}
-    text = "<think>let me see</think>```json\n" + str(answer).replace("'", '"').replace("True", "true") + "\n```"
+    # as a model writes them: noul a JSON boolean, score an integer level, choice an option; each a different one
+    said = {qid: {"noul": k % 2 == 0, "score": k % len(q.options), "choice": q.options[k % len(q.options)]}[q.type]
+            for k, (qid, q) in enumerate(case.questions.items())}
+    text = "<think>let me see {not this}</think>```json\n" + json.dumps(said) + "\n```"
     answers, problems = parse_answers(text, case.questions)
-    assert problems == [] and len(answers) == 5
+    assert problems == [] and answers == {qid: json.dumps(v) if isinstance(v, bool) else str(v)
+                                          for qid, v in said.items()}
+    assert {q.type for q in case.questions.values()} == {"noul", "choice", "score"}
 
 
 @pytest.mark.parametrize("text, problem", [
@@ -81,7 +93,12 @@ def test_constrained_decoding_is_valid_json_of_the_schema(backbone, splits):
     case = splits["validation"][0]
     g = generate_json(backbone, case, 80, constrained=True)
     reply = json.loads(g.text)  # nothing around it: the grammar ends the reply when the object closes
-    assert list(reply) == list(case.questions) and parse_answers(g.text, case.questions)[1] == []
+    answers, problems = parse_answers(g.text, case.questions)
+    assert list(reply) == list(case.questions) and problems == []
+    for qid, q in case.questions.items():  # each value of the schema's type, parsed to the option it names
+        value = reply[qid]
+        assert type(value) is {"noul": bool, "choice": str, "score": int}[q.type], qid
+        assert answers[qid] == (json.dumps(value) if q.type == "noul" else str(value)) and answers[qid] in q.options
     assert g.output_tokens < 80 and 0 < g.first_token_ms <= g.latency_ms
 
 
@@ -97,6 +114,13 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
     decided = score(cases, *model.outputs(cases)).overall()
     assert table.loc[DECISION, "accuracy"] == pytest.approx(decided["accuracy"])
     assert table.loc[DECISION, "kl"] == pytest.approx(decided["kl"])
+    _, scored = option_scoring(model.backbone, cases, model.spec.max_length)  # the option-scoring row's answers
+    for c, p in zip(cases, scored):  # a distribution over each question's options
+        assert all(len(p[q]) == len(x.options) and (p[q] >= 0).all() and p[q].sum() == pytest.approx(1.0)
+                   for q, x in c.questions.items())
+    by_options = score(cases, scored).overall()
+    assert table.loc["option scoring (log-prob)", ["accuracy", "kl"]].tolist() == pytest.approx(
+        [by_options["accuracy"], by_options["kl"]])
     by_workflow = ab.table("workflow")
     assert len(by_workflow) == 4 * 4 and (by_workflow.xs(DECISION, level="method")["x decision p50"] == 1.0).all()
     examples = ab.generative.examples(8, n=2, chars=40)

@@ -4,8 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from decisionkit.heads import (HeadSet, calibrated, decision_loss, expected_distance, group_rows, soft_cross_entropy,
-                               targets, weight_norm)
+from decisionkit.heads import (
+    HeadSet,
+    calibrated,
+    decision_loss,
+    expected_distance,
+    group_rows,
+    soft_cross_entropy,
+    targets,
+    weight_norm,
+)
 from decisionkit.training import fit_heads, refit_heads
 
 

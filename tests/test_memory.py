@@ -7,8 +7,17 @@ import types
 import pytest
 
 from decisionkit import LoraSettings, load_backbone
-from decisionkit.memory import (ASSUMED_SHAPES, ModelShape, TrainingSetup, compare, estimate, nf4_bits_per_weight,
-                                parameter_table, peak_rss_bytes, peak_rss_gb)
+from decisionkit.memory import (
+    ASSUMED_SHAPES,
+    ModelShape,
+    TrainingSetup,
+    compare,
+    estimate,
+    nf4_bits_per_weight,
+    parameter_table,
+    peak_rss_bytes,
+    peak_rss_gb,
+)
 
 
 @pytest.fixture(scope="module")

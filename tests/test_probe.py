@@ -38,7 +38,7 @@ def test_compare_probes_table_and_alignment(halves):
 
     def feats(split, seed):
         x = _informative(split, 0.05, seed)
-        return Features(split.ids, layers, {f"{p}@{l}": x for p in ("last", "mean") for l in layers}, 0.0, False)
+        return Features(split.ids, layers, {f"{p}@{layer}": x for p in ("last", "mean") for layer in layers}, 0.0, False)
 
     comparison = compare_probes(feats(fit, 0), fit, feats(held, 1), held, [("last", None), ("mean", 1)])
     table = comparison.table()

@@ -5,8 +5,8 @@ import pytest
 
 import decisionkit
 from decisionkit.data import DataError
-from decisionkit.scenarios import load_examples, load_scenario, load_schema
 from decisionkit.metrics import score, uniform_predictions
+from decisionkit.scenarios import load_examples, load_scenario, load_schema
 from decisionkit.training import evaluate, preset, train
 
 SCHEMA = {

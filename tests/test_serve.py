@@ -1,14 +1,19 @@
 """The server, called as its users call it: the official typesafe-sdk clients (sync and async), raw HTTP for what
 no client would send, and the ``decisionkit decide`` command. One server (LitServe, batching on) serves the
-session's quick model for the whole module; no assertion depends on timing."""
+session's quick model for the whole module, a second the same model with a router (routed answers, stalled
+uploads); no assertion depends on timing."""
 
 import asyncio
+import contextlib
 import http.client
 import io
 import json
 import math
+import resource
+import selectors
 import socket
 import time
+from functools import partial
 
 import anyio
 import httpx
@@ -18,13 +23,16 @@ import typesafe_sdk as sdk
 from fastapi import FastAPI
 
 import decisionkit
-from decisionkit import serve
+from decisionkit import precision, serve, systemone
 from decisionkit.anomaly import fit_router
 from decisionkit.cli import build_parser, main
-from decisionkit.serve import ENDPOINT, InFlightLimit, Limits, launch, load_test
+from decisionkit.precision import ANSWER_TOLERANCE
+from decisionkit.serve import ENDPOINT, Limits, RequestLimits, launch, load_test, zstd
 
 READ_TIMEOUT = 1.0  # seconds; short, so the slow-body cases end quickly
 SDK_TIMEOUT = 300.0  # seconds; the SDK's default 10 s is too short for a busy 2-core CI machine
+STALLED = min(300, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)  # uploads held at once (a descriptor each,
+# in this process and in the server)
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +41,18 @@ def served(quick_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with launch([path], limits=Limits(read_timeout=READ_TIMEOUT), log=log) as server:
         yield server, path.name, model
+
+
+@pytest.fixture(scope="module")
+def routed(quick_model, splits, tmp_path_factory):
+    """A second server: the quick model with a router, a read timeout that keeps stalled uploads waiting for as long
+    as a test runs, and room for STALLED of them plus one request."""
+    model = decisionkit.load(quick_model[0])
+    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10), folds=2)
+    folder = tmp_path_factory.mktemp("routed")
+    path = model.save(folder / "routed")
+    with launch([path], limits=Limits(read_timeout=120.0, max_reading=STALLED + 1), log=folder / "serve.log") as server:
+        yield server, path.name, model, router
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +77,10 @@ def client(server, name) -> sdk.TypeSafeClient:
 
 
 def assert_matches(result: sdk.SystemOneResponse, local: dict) -> None:
-    """An SDK response (already validated by the SDK's own models) carries the answers decide() gives."""
-    assert set(result.answers) == set(local)
-    for qid, expected in local.items():
-        got = result.answers[qid]
-        assert got.type == expected["type"]
-        if got.type == "noul":
-            assert got.noul == pytest.approx(expected["noul"], abs=1e-4)
-            continue
-        assert got.confidence == pytest.approx(expected["confidence"], abs=1e-4)
-        assert {str(k): v for k, v in got.probabilities.items()} == pytest.approx(expected["probabilities"], abs=1e-4)
-        if got.type == "choice":
-            assert got.choice == expected["choice"]
-        else:
-            assert got.score == pytest.approx(expected["score"], abs=1e-4)
-            assert {str(k): v for k, v in got.legend.items()} == expected["legend"]
+    """An SDK response (already validated by the SDK's own models) carries the answers decide() gives, within the
+    tolerance the compute dtype guarantees (the server and this process answer in the dtype the session fixed)."""
+    answers = {qid: answer.model_dump(exclude_none=True) for qid, answer in result.answers.items()}
+    assert systemone.disagreements(answers, local, ANSWER_TOLERANCE[precision.choose().dtype]) == []
 
 
 def test_sdk_sync_client_answers_as_decide(served, cases):
@@ -136,11 +145,14 @@ def http_request(body: bytes | None = None, *, method="POST", path=ENDPOINT, len
     return "\r\n".join(lines).encode() + (body or b"")
 
 
+def connect(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=30)
+
+
 def exchange(server, data: bytes, drip: float | None = None) -> tuple[int, dict, dict]:
     """Send raw bytes (with ``drip``, a few bytes every ``drip`` seconds, for at most 3 s) and read the answer:
     (status, headers, JSON body)."""
-    port = int(server.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with connect(server) as sock:
         try:
             if drip is None:
                 sock.sendall(data)
@@ -152,11 +164,35 @@ def exchange(server, data: bytes, drip: float | None = None) -> tuple[int, dict,
                     time.sleep(drip)
         except OSError:  # the server answered and closed while we were still sending
             pass
-        response = http.client.HTTPResponse(sock)
-        response.begin()
-        payload = response.read()
+        return answer(sock)
+
+
+def answer(sock: socket.socket) -> tuple[int, dict, dict]:
+    """The response on ``sock``: (status, headers, JSON body)."""
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    payload = response.read()
     assert response.getheader("content-type", "").startswith("application/json"), payload[:200]
     return response.status, dict(response.getheaders()), json.loads(payload)
+
+
+def stalled(server, count: int, held: contextlib.ExitStack) -> list[socket.socket]:
+    """``count`` connections that each send their headers and the first byte of a 100-byte body, then stall (until
+    ``held`` closes them)."""
+    start = http_request(b"{" + b" " * 99)[:-99]
+    sockets = []
+    for _ in range(count):
+        sockets.append(held.enter_context(connect(server)))
+        sockets[-1].sendall(start)
+    return sockets
+
+
+def answered(sockets: list[socket.socket], timeout: float) -> list[socket.socket]:
+    """Those of ``sockets`` with an answer to read, once one has one or after ``timeout`` seconds."""
+    with selectors.DefaultSelector() as selector:
+        for sock in sockets:
+            selector.register(sock, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in selector.select(timeout)]
 
 
 def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
@@ -222,18 +258,15 @@ def bad_requests(name, case) -> dict[str, tuple[bytes, int, float | None]]:
     }
 
 
-def test_a_poem_reaches_an_sdk_client_with_confidence_below_the_routing_threshold(quick_model, splits, tmp_path):
-    model = decisionkit.load(quick_model[0])
-    router = fit_router(model, splits["train"].head(10), splits["validation"].head(10), folds=2)
-    path = model.save(tmp_path / "routed")
+def test_a_poem_reaches_an_sdk_client_with_confidence_below_the_routing_threshold(routed):
+    server, name, model, router = routed
     poem = "autumn wind through golden leaves under the moon"
     asked = {q: x.to_json() for q, x in model.schema["customer_service"].items()}
-    with launch([path], log=tmp_path / "serve.log") as server:
-        with client(server, path.name) as sdk_client:  # what every System One client reads: the answers alone
-            result = sdk_client.system_one(state=poem, questions={
-                q: getattr(sdk, x["type"].capitalize())(**x) for q, x in asked.items()})
-        raw = httpx.post(server.url + ENDPOINT, json={"model": path.name, "state": poem, "questions": asked},
-                         timeout=SDK_TIMEOUT).json()
+    with client(server, name) as sdk_client:  # what every System One client reads: the answers alone
+        result = sdk_client.system_one(state=poem, questions={
+            q: getattr(sdk, x["type"].capitalize())(**x) for q, x in asked.items()})
+    raw = httpx.post(server.url + ENDPOINT, json={"model": name, "state": poem, "questions": asked},
+                     timeout=SDK_TIMEOUT).json()
     confidences = [a.confidence for a in result.answers.values() if a.type != "noul"]
     assert len(confidences) == 4 and max(confidences) < router.threshold
     assert_matches(result, model.decide(poem, asked))
@@ -252,6 +285,26 @@ def test_every_bad_request_gets_a_json_4xx_and_the_server_keeps_answering(served
             assert all({"loc", "msg", "type"} <= set(item) for item in payload["detail"]), (label, payload)
         assert exchange(server, good)[0] == 200, f"the server stopped answering after: {label}"
     assert {label: got for label, (got, _) in outcomes.items()} == {label: want for label, (_, want) in outcomes.items()}
+
+
+def test_zstd_bodies_are_decoded_within_the_size_limit(served, cases):
+    server, name, _ = served
+    body = good_body(name, cases[0])
+    packed = zstd.compress(body)
+
+    def send(data: bytes) -> tuple[int, dict]:
+        status, _, payload = exchange(server, http_request(data, headers={"Content-Encoding": "zstd"}))
+        return status, payload
+
+    status, compressed = send(packed)
+    assert status == 200 and len(packed) < len(body)
+    plain = exchange(server, http_request(body))[2]
+    assert serve.served_vs_decided(compressed["answers"], plain["answers"])["agree"].all()
+    status, payload = send(packed[:len(packed) // 2])
+    assert status == 400 and "truncated" in payload["detail"]
+    bomb = zstd.compress(b'{"state": "' + b"x" * 10**7 + b'"}')  # 10 MB in a few hundred bytes
+    status, payload = send(bomb)
+    assert len(bomb) < 1000 and status == 413 and f"the limit is {Limits().max_body_bytes}" in payload["detail"]
 
 
 def test_refusals_name_the_field(served, cases):
@@ -296,8 +349,8 @@ def test_bounded_load_test_loses_nothing(served, cases):
     assert result["requests"] == 8 and result["lost"] == 0 and result["p50 ms"] <= result["p99 ms"]
 
 
-def test_in_flight_limit_answers_503_with_retry_after():
-    release = anyio.Event()
+def test_request_limits_keep_stalled_uploads_off_the_model_and_answer_503_with_retry_after():
+    release, unstall = anyio.Event(), anyio.Event()
     app = FastAPI()
 
     @app.post(ENDPOINT)
@@ -305,23 +358,70 @@ def test_in_flight_limit_answers_503_with_retry_after():
         await release.wait()
         return {}
 
-    limited = InFlightLimit(app, limit=2, retry_after=3)
+    limited = RequestLimits(app, Limits(max_in_flight=2, max_reading=3, retry_after=3))
+
+    async def stalling():  # a body's first byte, then nothing until unstalled
+        yield b"{"
+        await unstall.wait()
+
+    async def until(condition) -> None:  # bounded: a broken middleware fails the test instead of hanging it
+        with anyio.fail_after(30):
+            while not condition():
+                await anyio.sleep(0.01)
 
     async def run():
+        served, refused = [], []
         async with httpx.AsyncClient(transport=httpx.ASGITransport(limited), base_url="http://test") as http:
+            async def post(answers: list, **request) -> None:
+                answers.append(await http.post(ENDPOINT, **request))
+
             async with anyio.create_task_group() as group:
                 for _ in range(2):
-                    group.start_soon(http.post, ENDPOINT)
-                while limited.active < 2:
-                    await anyio.sleep(0.01)
-                refused = await http.post(ENDPOINT)
+                    group.start_soon(partial(post, [], content=stalling()))
+                await until(lambda: limited.reading == 2)
+                assert limited.active == 0  # the stalled uploads hold no model slot...
+                for _ in range(2):
+                    group.start_soon(post, served)  # ...so both are there for these
+                await until(lambda: limited.active == 2)
+                await post(refused)  # every model slot taken
+                group.start_soon(partial(post, [], content=stalling()))
+                await until(lambda: limited.reading == 3)
+                await post(refused, content=stalling())  # every reader's place taken
                 other = await http.get("/elsewhere")  # only the model's endpoint is bounded
                 release.set()
-            return refused, other
+                unstall.set()
+        return served, refused, other
 
-    refused, other = anyio.run(run)
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "3" and "retry" in refused.json()["detail"]
-    assert other.status_code == 404 and limited.active == 0
+    served, refused, other = anyio.run(run)
+    assert [r.status_code for r in served] == [200, 200]
+    for response, why in zip(refused, ["2 requests are in flight", "3 requests are still sending their bodies"]):
+        assert response.status_code == 503 and response.headers["retry-after"] == "3", response.text
+        assert response.json()["detail"].startswith(why) and response.json()["detail"].endswith("retry in 3 s")
+    assert other.status_code == 404 and limited.active == limited.reading == 0
+
+
+def test_stalled_uploads_do_not_starve_the_model(routed, cases):
+    server, name, model, _ = routed
+    case = cases[0]
+    with contextlib.ExitStack() as held:
+        waiting = stalled(server, STALLED, held)  # far more than max_in_flight (64)
+        status, _, payload = exchange(server, http_request(good_body(name, case)))
+        assert status == 200, payload
+        assert_matches(sdk.SystemOneResponse.model_validate_json(json.dumps(payload)),
+                       model.decide(case.state, questions(case)))
+        assert not answered(waiting, 0)  # every stalled upload is still waiting: none was answered
+
+
+def test_past_the_readers_bound_a_stalled_upload_gets_a_json_503(routed):
+    server = routed[0]
+    with contextlib.ExitStack() as held:
+        waiting = stalled(server, STALLED + 2, held)  # one more than max_reading
+        refused = answered(waiting, 60)  # the others wait for their bodies for 120 s
+        assert refused
+        for sock in refused:  # one, or a few more if the last test's connections were not all let go yet
+            status, headers, payload = answer(sock)
+            assert status == 503 and headers["retry-after"] == "2", payload
+            assert payload["detail"].startswith(f"{STALLED + 1} requests are still sending their bodies")
 
 
 def test_decide_command_reads_standard_input(quick_model, cases, monkeypatch, capsys):

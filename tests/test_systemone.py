@@ -8,8 +8,16 @@ from typesafe_sdk._schemas import models as wire
 
 from decisionkit import systemone
 from decisionkit.data import Question
-from decisionkit.systemone import (QuestionError, Refusal, SystemOneRequest, answer, answer_table, check, prepare,
-                                   respond)
+from decisionkit.systemone import (
+    QuestionError,
+    Refusal,
+    SystemOneRequest,
+    answer,
+    answer_table,
+    check,
+    prepare,
+    respond,
+)
 
 # Our model -> the official SDK's generated model of the same wire object.
 SAME_AS_SDK = {
@@ -135,3 +143,30 @@ def test_answer_table_shows_each_answer_and_its_confidence():
     assert table.loc["urgent"].tolist() == ["noul", 0.2, pytest.approx(0.8)]  # P(false) is the surer side
     assert table.loc["team"].tolist() == ["choice", "billing", 0.7]  # the confidence field, not the probability
     assert table.loc["risk"].tolist() == ["score", 1.4, 0.5]
+
+
+def test_disagreements_hold_answers_to_the_tolerance():
+    choice = Question("team", "choice", "", ("a", "b", "c"), ("", "", ""))
+    score = Question("level", "score", "", ("0", "1", "2"), ("low", "mid", "high"))
+    noul = Question("n", "noul", "", ("false", "true"), ("", ""))
+
+    def answers(p_choice, p_score, p_true):
+        return {"team": answer(choice, np.array(p_choice)), "level": answer(score, np.array(p_score)),
+                "n": answer(noul, np.array([1 - p_true, p_true]))}
+
+    base = answers([0.5, 0.3, 0.2], [0.2, 0.3, 0.5], 0.7)
+    assert systemone.disagreements(base, base, 1e-5) == []
+    assert systemone.disagreements(answers([0.5 + 4e-6, 0.3 - 4e-6, 0.2], [0.2, 0.3, 0.5], 0.7), base, 1e-5) == []
+    moved = systemone.disagreements(answers([0.52, 0.28, 0.2], [0.2, 0.3, 0.5], 0.7 + 2e-5), base, 1e-2)
+    assert moved == ["team.confidence: 0.52 != 0.5 (beyond 0.01)", "team.probabilities.a: 0.52 != 0.5 (beyond 0.01)",
+                     "team.probabilities.b: 0.28 != 0.3 (beyond 0.01)"]
+    # a near-tie may swap within twice the tolerance, not beyond
+    tie = answers([0.41, 0.39, 0.2], [0.2, 0.3, 0.5], 0.7)
+    swapped = answers([0.39, 0.41, 0.2], [0.2, 0.3, 0.5], 0.7)
+    assert systemone.disagreements(swapped, tie, 0.025) == []
+    assert "team.choice: 'b' != 'a'" in systemone.disagreements(swapped, tie, 0.005)
+    # a score's expected level is bounded by the tolerance times the sum of its levels (0 + 1 + 2)
+    level = answers([0.5, 0.3, 0.2], [0.2, 0.3 - 0.009, 0.5 + 0.009], 0.7)
+    assert systemone.disagreements(level, base, 1e-2) == []
+    assert systemone.disagreements({"team": base["team"]}, base, 1e-2) == [
+        "questions ['team'] != ['level', 'n', 'team']"]

@@ -28,6 +28,8 @@ from decisionkit import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "decisionkit")  # what the build reads (pyproject's readme too)
+TRAIN_CASES = 40  # measured: test accuracy 0.793 against 0.524 for the majority answer (2026-12-02, bfloat16)
+MARGIN = 0.15  # how far above the majority answer the installed model must be
 DATA_FILES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "decisionkit" / "scenario_data").rglob("*")
                     if p.is_file())
 
@@ -69,16 +71,26 @@ def test_the_wheel_carries_every_data_file(wheel):
 
 CHECK = r"""
 import json, sys
+from collections import Counter
 from pathlib import Path
+import numpy as np
 import decisionkit
 from decisionkit.anomaly import OFF_DOMAIN_DIR
-from decisionkit.scenarios import DATA_DIR
+from decisionkit.scenarios import DATA_DIR, load_scenario
 
 model = decisionkit.load(sys.argv[1])
 answers = model.decide("my credit card was charged twice, refund today")
+train, test = load_scenario("tickets", "train"), load_scenario("tickets", "test")
+top = lambda p: int(np.argmax(p))  # noqa: E731
+predicted = model.predict(test)  # the saved model's answers: its top option against the gold's, every decision
+right = [top(p[q]) == top(c.gold[q].probabilities) for c, p in zip(test, predicted) for q in c.questions]
+majority = {q: Counter(top(c.gold[q].probabilities) for c in train).most_common(1)[0][0] for q in train[0].questions}
 print(json.dumps({"file": decisionkit.__file__, "data": str(DATA_DIR), "off_domain": str(OFF_DOMAIN_DIR),
                   "off_domain_files": sorted(p.name for p in OFF_DOMAIN_DIR.glob("*.jsonl")),
-                  "questions": sorted(answers), "team": answers["team"]["choice"], "sys_path": sys.path}))
+                  "questions": sorted(answers), "team": answers["team"]["choice"], "sys_path": sys.path,
+                  "accuracy": float(np.mean(right)), "decisions": len(right),
+                  "majority": float(np.mean([top(c.gold[q].probabilities) == majority[q] for c in test
+                                             for q in c.questions]))}))
 """
 
 
@@ -102,21 +114,25 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     work = tmp_path / "elsewhere"  # outside the repository: nothing of the checkout is on the path here
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    # The shared cache: the converted backbone and the tickets features are reused, not rebuilt per test run (a
-    # cold cache adds the extraction of 463 tickets, minutes on 2 cores). DECISIONKIT_QUICK stays as the suite set
-    # it: no quick variant of the tickets preset exists, and with cached features its head fits take about 1-2 min.
+    # The shared cache: the converted backbone and the tickets features are reused, not rebuilt per test run.
     env.update(DECISIONKIT_CACHE=str(settings.cache_dir()), TQDM_DISABLE="1", HF_HUB_OFFLINE="1",
                PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
     env.pop(settings.DATA_ENV, None)  # the tickets preset reads its own package data, never typed-decisions
 
-    _run([str(venv / "bin" / "decisionkit"), "train", "--preset", "tickets", "--out", "runs/tickets", "--quiet"],
-         work, env, 600)
+    # The tickets preset shrunk by the command's size options: the whole preset (325 train cases, 400 steps per L2
+    # strength) passed the 600 s limit on a cold cache and 2 busy cores. Validation stays whole: the steps are picked
+    # on the 46 cases calibration reads, one feature extraction for both.
+    _run([str(venv / "bin" / "decisionkit"), "train", "--preset", "tickets", "--out", "runs/tickets", "--quiet",
+          "--train-per-workflow", str(TRAIN_CASES), "--head-steps", "100"], work, env, 600)
     run = work / "runs" / "tickets"
     report = json.loads((run / "report.json").read_text())
     assert report["training"]["preset"] == "tickets" and report["data"]["source"]
-    assert 0.0 < report["test"]["accuracy"] <= 1.0
+    assert report["training"]["train cases"] == TRAIN_CASES and report["training"]["head steps"] <= 100
 
     checked = json.loads(_run([str(python), "-c", CHECK, str(run)], work, env, 300).stdout.strip().splitlines()[-1])
+    # the reported test accuracy is the installed model's, and it learned: well above answering the majority
+    assert checked["decisions"] == 5 * 92 and report["test"]["accuracy"] == pytest.approx(checked["accuracy"])
+    assert checked["accuracy"] > checked["majority"] + MARGIN, checked
     package = Path(checked["file"]).resolve().parent
     assert package == (site / "decisionkit").resolve(), f"decisionkit imported from {package}, not the wheel"
     assert ROOT not in package.parents and str(ROOT) not in checked["sys_path"]
@@ -124,5 +140,5 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     assert Path(checked["off_domain"]).resolve() == package / "scenario_data" / "off-domain"
     assert checked["off_domain_files"] == ["near_domain.jsonl", "off_domain.jsonl"]
     assert checked["questions"] == ["contains_pii", "language", "priority", "sentiment", "team"]
-    assert checked["team"] in ("billing", "technical_support", "account_management")
+    assert checked["team"] == "billing"  # "my credit card was charged twice, refund today"
     print(f"wheel install, train and answer: {time.perf_counter() - started:.0f} s")
