@@ -22,6 +22,7 @@ from .atomic import write_text
 from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
 from .model import QuestionError, load
+from .probe import STEPS as PROBE_STEPS
 from .report import RunReport, run_report
 from .training import PRESETS, evaluate, preset
 
@@ -73,7 +74,8 @@ def cmd_pooling(args) -> int:
     validation = load_typed_decisions("validation", args.data).head(max(1, per_workflow // 2))
     print(f"backbone {backbone.name} ({backbone.resolved.source}); {len(train_split)} train / {len(validation)} "
           f"validation cases")
-    table = pooling_comparison(backbone, train_split, validation, max_length=args.max_length).table()
+    table = pooling_comparison(backbone, train_split, validation, steps=args.head_steps,
+                               max_length=args.max_length).table()
     print(table.to_string())
     _write_json(Path(args.out) / "pooling.json", {"probes": table.reset_index().to_dict(orient="records"),
                                                   "train_cases": len(train_split), "validation_cases": len(validation)})
@@ -168,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")
     sub.add_argument("--per-workflow", type=int, default=None, help="train cases per workflow (default 40)")
     sub.add_argument("--max-length", type=int, default=512, help="truncate rendered states to this many tokens")
+    sub.add_argument("--head-steps", type=int, default=PROBE_STEPS, metavar="N",
+                     help=f"probe fitting steps per L2 strength (default {PROBE_STEPS})")
     common(sub, "runs/pooling")
     sub.set_defaults(handler=cmd_pooling)
     return parser

@@ -21,6 +21,7 @@ from .model import DecisionOutput
 from .training import fit_heads
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
+STEPS = 400  # full-batch steps per L2 strength, as training's stage 1
 
 
 @dataclass
@@ -41,13 +42,13 @@ class ProbeResult:
 
 
 def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validation: Split, name: str = "probe",
-                 l2_grid=L2_GRID) -> ProbeResult:
+                 l2_grid=L2_GRID, steps: int = STEPS) -> ProbeResult:
     """Fit soft-label linear heads on ``train`` features and score them on ``validation`` (picking L2 there)."""
     mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-6
     tx = torch.as_tensor((train_x - mean) / std, dtype=torch.float32)
     vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
     heads = HeadSet(train.schema(), tx.shape[1])
-    fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, progress=False)
+    fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, steps=steps, progress=False)
     rows = group_rows(validation.case_workflows)
     with torch.no_grad():
         output = DecisionOutput(vx, validation.case_workflows, heads.read(vx, rows), rows)
@@ -74,7 +75,7 @@ class ProbeComparison:
 
 
 def compare_probes(train_features: Features, train: Split, val_features: Features, validation: Split,
-                   settings: list[tuple[str, int | None]], l2_grid=L2_GRID) -> ProbeComparison:
+                   settings: list[tuple[str, int | None]], l2_grid=L2_GRID, steps: int = STEPS) -> ProbeComparison:
     """One probe per (pooling, layer) setting, all trained on ``train`` and scored on ``validation``."""
     if train_features.ids != train.ids or val_features.ids != validation.ids:
         raise ValueError("features and cases are not aligned: extract the features from these same splits")
@@ -82,14 +83,16 @@ def compare_probes(train_features: Features, train: Split, val_features: Feature
     for pooling, layer in settings:
         layer = train_features.layers[-1] if layer is None else layer
         results.append(linear_probe(train_features.get(pooling, layer), train, val_features.get(pooling, layer),
-                                    validation, name=f"{pooling} pooling, layer {layer}", l2_grid=l2_grid))
+                                    validation, name=f"{pooling} pooling, layer {layer}", l2_grid=l2_grid,
+                                    steps=steps))
     return ProbeComparison(results)
 
 
 POOLING_SETTINGS = [("last", None), ("mean", None), ("max", None)]  # the three poolings of the last layer
 
 
-def pooling_comparison(backbone, train: Split, validation: Split, settings=None, **feature_options) -> ProbeComparison:
+def pooling_comparison(backbone, train: Split, validation: Split, settings=None, steps: int = STEPS,
+                       **feature_options) -> ProbeComparison:
     """Extract (or reuse cached) features of both splits and probe each (pooling, layer) setting.
 
     ``settings`` defaults to the three poolings of the last layer followed by mean pooling of every other
@@ -99,7 +102,7 @@ def pooling_comparison(backbone, train: Split, validation: Split, settings=None,
     val_features = extract_features(backbone, validation, **feature_options)
     if settings is None:
         settings = POOLING_SETTINGS + [("mean", layer) for layer in train_features.layers[:-1]]
-    return compare_probes(train_features, train, val_features, validation, settings)
+    return compare_probes(train_features, train, val_features, validation, settings, steps=steps)
 
 
 def gold_entropy(cases: Split) -> float:

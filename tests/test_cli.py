@@ -45,7 +45,8 @@ def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, t
 
 
 def test_pooling_command(tmp_path, capsys):
-    assert main(["pooling", "--per-workflow", "2", "--max-length", "48", "--out", str(tmp_path)]) == 0
+    assert main(["pooling", "--per-workflow", "2", "--max-length", "48", "--head-steps", "20",
+                 "--out", str(tmp_path)]) == 0
     assert "last pooling, layer 30" in capsys.readouterr().out
     report = json.loads((tmp_path / "pooling.json").read_text())
     assert report["train_cases"] == 8 and len(report["probes"]) == 6
