@@ -26,7 +26,10 @@ from .probe import STEPS as PROBE_STEPS
 from .report import RunReport, run_report
 from .training import PRESETS, evaluate, preset
 
-SIZES = ("train_per_workflow", "validation_per_workflow", "head_steps")  # what `train` can shrink in a preset
+# what `train` can shrink in a preset, and how each option says it
+SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
+         "test_per_workflow": "test cases per workflow the report scores",
+         "head_steps": "head fitting steps per L2 strength"}
 
 
 def _write_json(path: Path, payload: dict) -> None:
@@ -127,8 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         common(sub, "runs/demo" if name == "demo" else None)
         if name == "train":
             sub.add_argument("--out", required=True, help="folder for the model and its report")
-            for size, help_text in zip(SIZES, ("train cases per workflow", "validation cases per workflow",
-                                               "head fitting steps per L2 strength")):
+            for size, help_text in SIZES.items():
                 sub.add_argument(f"--{size.replace('_', '-')}", type=int, metavar="N",
                                  help=f"{help_text} (default: the preset's)")
         sub.add_argument("--zero-shot", type=int, default=5 if name == "demo" else 0, metavar="N",
