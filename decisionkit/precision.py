@@ -72,7 +72,8 @@ def kernels() -> dict:
 
 def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> float:
     """Median seconds of one ``size`` x ``size`` matrix product in ``dtype`` on the CPU (after a warm-up)."""
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    generator = torch.Generator().manual_seed(0)  # a probe must not move the global random state
+    a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
     a @ b
     times = []
     for _ in range(repeats):
