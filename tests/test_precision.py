@@ -31,7 +31,11 @@ def test_auto_follows_the_cpu(monkeypatch):
         assert chosen.dtype == "float32" and "no bfloat16 instructions" in chosen.reason
     else:  # the probe measured both dtypes and says by how much bfloat16 ran
         assert "x float32 on this CPU" in chosen.reason
-    assert set(chosen.describe()) == {"device", "compute_dtype", "reason", "cpu_capability"}
+    described = chosen.describe()  # what every timing record carries: the dtype, why, and the kernels
+    assert set(described) == {"device", "compute_dtype", "reason", "cpu_capability", "cpu_family", "onednn_bf16",
+                              "onednn_max_isa"}
+    assert described["cpu_family"] in {name for _, name in precision.CPU_FAMILIES} | {"other"}
+    assert described["onednn_bf16"] == torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def test_a_slow_bfloat16_is_not_chosen(monkeypatch):
