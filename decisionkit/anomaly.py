@@ -33,15 +33,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
 from .data import DataError, Split, jsonl_rows, render_state
-from .heads import HeadSet, calibrated, targets
+from .heads import calibrated, targets
 from .metrics import gold_priors
-from .training import HeadFit, refit_heads
+from .training import STRUCTURED_FOLDS, cross_fit
 
 SCORES = ("confidence", "raw confidence", "msp", "entropy", "energy", "mahalanobis")
 LOW_IS_ANOMALOUS = {"confidence", "raw confidence"}  # the other scores grow as inputs get stranger
@@ -50,20 +51,28 @@ PCA_COMPONENTS = 128  # directions kept for the Mahalanobis distance: 2,304 raw 
 TARGET_REJECTION = 0.05  # share of held-out real inputs a threshold sends to a human
 TAIL_SHARE = 0.01  # the farthest share of held-out real inputs, past which answers lose confidence: ECE moves < 0.01
 CROSS_FIT_FOLDS = 10  # heads re-fitted on 90% of train score the other 10%: close to the final heads' confidence
+# A hybrid's folds re-fit its trees too (about 20 s a fold on 1,120 cases, 2 cores): the 5 folds its mixing weights
+# were chosen on keep make demo within its 15 minutes.
+HYBRID_CROSS_FIT_FOLDS = STRUCTURED_FOLDS
 
 
 @dataclass
 class Inputs:
-    """Inputs to score, each rendered as the state of a workflow (what the model and the feature cache read)."""
+    """Inputs to score: states (a string or JSON), each read as the state of a workflow."""
 
     name: str
     ids: list[str]
-    texts: list[str]
+    states: list[Any]
     workflows: list[str]
     kinds: list[str]
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def texts(self) -> list[str]:
+        """Each state rendered for its workflow (what the model and the feature cache read)."""
+        return [render_state(s, w) for s, w in zip(self.states, self.workflows)]
 
     @property
     def case_workflows(self) -> list[str]:
@@ -78,12 +87,12 @@ class Inputs:
             counts[kind] = counts.get(kind, 0) + 1
             if counts[kind] <= n:
                 keep.append(i)
-        columns = [[values[i] for i in keep] for values in (self.ids, self.texts, self.workflows, self.kinds)]
+        columns = [[values[i] for i in keep] for values in (self.ids, self.states, self.workflows, self.kinds)]
         return Inputs(self.name, *columns)
 
     @classmethod
     def from_split(cls, split: Split, kind: str = "in-domain") -> "Inputs":
-        return cls(split.name, split.ids, split.texts, split.case_workflows, [kind] * len(split))
+        return cls(split.name, split.ids, split.states, split.case_workflows, [kind] * len(split))
 
 
 def load_inputs(path: str | Path, workflows=None) -> Inputs:
@@ -91,7 +100,7 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found")
-    ids, texts, wfs, kinds = [], [], [], []
+    ids, states, wfs, kinds = [], [], [], []
     for where, row in jsonl_rows(path):
         if not isinstance(row, dict):
             raise DataError(f"{where}: each line must be a JSON object")
@@ -103,10 +112,10 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
         if workflows is not None and row["workflow"] not in workflows:
             raise DataError(f"{where}: field 'workflow' is {row['workflow']!r}; expected one of {sorted(workflows)}")
         ids.append(row["id"])
-        texts.append(render_state(row["state"], row["workflow"]))
+        states.append(row["state"])
         wfs.append(row["workflow"])
         kinds.append(row["kind"])
-    return Inputs(path.stem, ids, texts, wfs, kinds)
+    return Inputs(path.stem, ids, states, wfs, kinds)
 
 
 def lowest_confidence(answers: dict) -> float:
@@ -232,10 +241,11 @@ class Router:
 
 
 def fit_router(model, train: Split, validation: Split, score: str = "confidence",
-               rejection: float = TARGET_REJECTION, folds: int = CROSS_FIT_FOLDS) -> Router:
+               rejection: float = TARGET_REJECTION, folds: int | None = None) -> Router:
     """Fit the feature density and the priors on ``train``; the tail and the threshold on held-out real inputs
     (``validation``, plus every train case cross-fitted when the backbone is frozen and the model knows how its heads
-    were fitted); attach the router to ``model``. Calibrate first: the confidence it routes on is the calibrated one."""
+    were fitted; ``folds``: ``CROSS_FIT_FOLDS``, or ``HYBRID_CROSS_FIT_FOLDS`` for a hybrid); attach the router to
+    ``model``. Calibrate first: the confidence it routes on is the calibrated one."""
     if score not in SCORES:
         raise ValueError(f"score is {score!r}; expected one of {', '.join(SCORES)}")
     if not 0 < rejection < 1:
@@ -247,9 +257,11 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
         priors.setdefault(workflow, {})[qid] = prior
     router = Router(density, priors, score=score, rejection=rejection)
     held = [(model.split_output(validation), None)]  # each held-out set's output and the density it is far from
-    cross_fit = model.backbone.frozen and model.head_fit is not None and folds > 1
-    if cross_fit:
-        held += [(output, density) for output, density, _ in _cross_fitted(model, train, train_x, folds)]
+    if folds is None:
+        folds = CROSS_FIT_FOLDS if model.structured is None else HYBRID_CROSS_FIT_FOLDS
+    cross_fitted = model.backbone.frozen and model.head_fit is not None and folds > 1
+    if cross_fitted:
+        held += list(_cross_fitted(model, train, train_x, folds))
     distances = np.concatenate([(density if d is None else d).distance(o.features.cpu().double().numpy(),
                                                                        o.workflows) for o, d in held])
     router.reference = float(np.quantile(distances, 1 - TAIL_SHARE))
@@ -257,28 +269,23 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
     router.scale = float(excess.mean()) if len(excess) else float(distances.std() or 1.0)
     values = pd.concat([router.scores(model, o, d)[score] for o, d in held], ignore_index=True)
     router.threshold = float(np.quantile(values, rejection if score in LOW_IS_ANOMALOUS else 1 - rejection))
-    router.fitted_on = {"validation": len(validation), "cross-fitted train": len(train) if cross_fit else 0,
-                        "folds": folds if cross_fit else 0}
+    router.fitted_on = {"validation": len(validation), "cross-fitted train": len(train) if cross_fitted else 0,
+                        "folds": folds if cross_fitted else 0}
     model.router = router
     return router
 
 
 def _cross_fitted(model, train: Split, features: torch.Tensor, folds: int):
-    """For each of ``folds`` folds of ``train``: the output of heads fitted on the other folds (at the L2 and steps
-    the model's heads were fitted with) on its features, with its loss; the feature density of the other folds;
-    and those heads."""
-    fold = np.random.default_rng(0).permutation(len(train)) % folds
-    fit = HeadFit([], float("nan"), model.head_fit["l2"], model.head_fit["steps"])
-    for k in range(folds):
-        inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
-        rest = Split(f"{train.name} - fold {k}", [train[i] for i in inside], train.source)
-        heads = HeadSet(model.schema, features.shape[1]).to(features.device)
-        refit_heads(heads, rest, features[inside], fit, model.head_fit["lr"], model.head_fit["ordinal"])
-        density = FeatureDensity.fit(features[inside].cpu().double().numpy(), rest.case_workflows)
+    """For each of ``folds`` folds of ``train``: the output of heads (and a hybrid's trees) fitted on the other
+    folds on its features, with its loss, and the feature density of the other folds."""
+    for fold in cross_fit(model, train, features, folds, structured=model.structured is not None):
+        held = [train[i] for i in fold.held]
+        density = FeatureDensity.fit(features[fold.inside].cpu().double().numpy(),
+                                     [train[i].workflow for i in fold.inside])
         with torch.no_grad():
-            output = model.read(features[held], [train[i].workflow for i in held], targets(train, list(held)),
-                                heads=heads.eval())
-        yield output, density, heads
+            output = model.read(features[fold.held], [c.workflow for c in held], targets(train, list(fold.held)),
+                                heads=fold.heads, states=[c.state for c in held], structured=fold.structured)
+        yield output, density
 
 
 @dataclass

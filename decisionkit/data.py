@@ -229,6 +229,11 @@ class Split:
         return [c.text for c in self.cases]
 
     @property
+    def states(self) -> list[Any]:
+        """The state of each case, as the data holds it (a hybrid model reads its fields)."""
+        return [c.state for c in self.cases]
+
+    @property
     def workflows(self) -> list[str]:
         """The distinct workflows, sorted."""
         return sorted({c.workflow for c in self.cases})

@@ -116,18 +116,18 @@ def decision_timings(model, cases, warmup: int = 2) -> LatencyResult:
     """Per case: tokenization, the forward pass (backbone, pooling, every head of the case) and the whole
     ``decide`` call, each timed on its own."""
     device = model.backbone.device
-    texts, workflows = cases.texts, cases.case_workflows
+    texts, workflows, states = cases.texts, cases.case_workflows, cases.states
 
     def whole(i: int) -> None:
-        model.readout(model([texts[i]], [workflows[i]]))
+        model.readout(model([texts[i]], [workflows[i]], states=[states[i]]))
 
     batches = [tokenize(model.backbone, [t], model.spec.max_length) for t in texts]
     index = list(range(len(texts)))
     return LatencyResult([
         time_calls("tokenize", lambda i: tokenize(model.backbone, [texts[i]], model.spec.max_length), index, warmup,
                    device),
-        time_calls("forward + heads", lambda i: model.readout(model.read(model.encode(batches[i]), [workflows[i]])),
-                   index, warmup, device),
+        time_calls("forward + heads", lambda i: model.readout(model.read(model.encode(batches[i]), [workflows[i]],
+                                                                         states=[states[i]])), index, warmup, device),
         time_calls("tokenize + forward + heads", whole, index, warmup, device),
     ])
 
@@ -375,8 +375,8 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
                 refit_heads(heads, train, ((train_raw - mean) / std).clone(),
                             HeadFit([], float("nan"), base.head_fit["l2"], base.head_fit["steps"]),
                             base.head_fit["lr"], base.head_fit["ordinal"])
-        overall = score(cases, *base.readout(base.read((raw - mean) / std, cases.case_workflows, heads=heads))
-                        ).overall()
+        overall = score(cases, *base.readout(base.read((raw - mean) / std, cases.case_workflows, heads=heads,
+                                                       states=cases.states))).overall()
         per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
         length = tokens if base is model else median_tokens(base)
         floor = forward_flops(base.backbone, int(length)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3

@@ -13,6 +13,10 @@ questions and formats the answers):
 - score:  ``{"type": "score", "score": expected level, "confidence": P(top level), "legend": {"0": criterion},
   "probabilities": {"0": p}}``
 
+A hybrid model (``structured`` set, ``training.fit_structured``) also reads the state's own fields with gradient-
+boosted trees (``structured.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
+the log of that mixture, so temperatures, routing and answers treat them as the heads'.
+
 With a router fitted (``anomaly.fit_router``), the probabilities and confidence take the input's distance from the
 training data into account: an input far from every training case answers with the training prior and a confidence
 near 0, so a threshold on ``confidence`` alone sends it to a human (``decide(..., raw=True)``: the heads alone).
@@ -20,8 +24,8 @@ near 0, so a threshold on ``confidence`` alone sends it to a human (``decide(...
 ``model.decide_many(requests)`` answers many requests with one padded forward pass per batch of similar lengths.
 
 ``model.save(path)`` writes a folder: ``decisionkit.json`` (backbone id and weights checksum, rendering version,
-feature settings, question schemas, temperatures, routing threshold), ``heads.safetensors`` (with the anomaly
-statistics when a router is fitted) and, for LoRA models, ``adapter/``; for a fully fine-tuned model, the tuned
+feature settings, question schemas, temperatures, routing threshold, a hybrid's fields and mixing weights),
+``heads.safetensors`` (with the anomaly statistics when a router is fitted, and a hybrid's trees as arrays) and, for LoRA models, ``adapter/``; for a fully fine-tuned model, the tuned
 backbone itself in ``backbone/`` (safetensors, with its tokenizer).
 Saving is atomic. ``decisionkit.load(path)`` refuses a backbone whose weights differ from the trained one.
 """
@@ -49,6 +53,7 @@ from .data import QUESTION_TYPES, RENDER_VERSION, Question, Split, render_state
 from .features import default_layers, extract_features, hidden_states, tokenize
 from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets
 from .pooling import pool
+from .structured import StructuredPart
 from .systemone import QuestionError, answer  # noqa: F401 (QuestionError is part of this module's interface)
 
 CONFIG_FILE = "decisionkit.json"
@@ -130,6 +135,9 @@ class DecisionModel(nn.Module):
         # probabilities follow the gold distribution); None: the confidence is the top probability.
         self.confidence_temperatures: dict[str, float] | None = None
         self.router = None  # anomaly.Router: distance-aware answers and the threshold that sends inputs to a human
+        # structured.StructuredPart: the state's fields read by trees, averaged with the heads (the hybrid model);
+        # None: the heads alone. Fitted by ``training.fit_structured`` once the heads are.
+        self.structured: StructuredPart | None = None
         # How stage 1 fitted the heads ({"l2", "steps", "lr", "ordinal"}): on a frozen backbone, fit_router re-fits
         # them on folds of train to see the confidence of cases they were not fitted on.
         self.head_fit: dict | None = None
@@ -157,22 +165,29 @@ class DecisionModel(nn.Module):
         self.tuned = True
 
     def forward(self, texts: Sequence[str], workflows: Sequence[str], target: Targets | None = None,
-                ordinal: float = 0.0, questions: Sequence[str] | None = None) -> DecisionOutput:
+                ordinal: float = 0.0, questions: Sequence[str] | None = None,
+                states: Sequence[Any] | None = None) -> DecisionOutput:
         """One forward pass over ``texts`` (each rendered as a state of its workflow), pooled at every layer of the
         spec, concatenated, standardized, and read by the heads of each text's workflow. With ``target`` (gold
         aligned to the texts, ``heads.targets``) the output carries the loss. Gradients flow when the backbone
-        trains."""
+        trains. A hybrid model (``structured`` set) also reads ``states``, the states the texts render."""
         return self.read(self.encode(tokenize(self.backbone, list(texts), self.spec.max_length)), workflows, target,
-                         ordinal, questions)
+                         ordinal, questions, states=states)
 
     def read(self, features: torch.Tensor, workflows: Sequence[str], target: Targets | None = None,
-             ordinal: float = 0.0, questions: Sequence[str] | None = None, heads: HeadSet | None = None
-             ) -> DecisionOutput:
+             ordinal: float = 0.0, questions: Sequence[str] | None = None, heads: HeadSet | None = None,
+             states: Sequence[Any] | None = None, structured: StructuredPart | None = None) -> DecisionOutput:
         """The heads (the model's, or ``heads``) on standardized ``features``, one row per input of ``workflows``;
-        ``questions``: only these (one workflow)."""
+        ``questions``: only these (one workflow). A hybrid model averages them with its trees (or ``structured``'s)
+        on the fields of ``states``."""
         heads = self.heads if heads is None else heads
+        structured = self.structured if structured is None else structured
         rows = group_rows(list(workflows))
         logits = heads.read(features, rows, questions)
+        if structured is not None:
+            if states is None or len(states) != len(workflows):
+                raise ValueError("this hybrid model reads each input's state fields too: pass states, one per input")
+            logits = structured.mix(logits, states, rows)
         loss = None if target is None else decision_loss(self.schema, logits, target, ordinal)
         return DecisionOutput(features, list(workflows), logits, rows, loss)
 
@@ -208,7 +223,8 @@ class DecisionModel(nn.Module):
         """``forward`` over a whole split (features from the cache when the backbone is frozen); ``loss=True``
         adds the loss against the cases' gold."""
         features = self.split_features(cases)
-        return self.read(features, cases.case_workflows, targets(cases, device=features.device) if loss else None)
+        return self.read(features, cases.case_workflows, targets(cases, device=features.device) if loss else None,
+                         states=cases.states)
 
     # ----- answers --------------------------------------------------------------------------------------------
     def temperature(self, question_type: str, confidence: bool = False) -> float:
@@ -277,7 +293,8 @@ class DecisionModel(nn.Module):
         """The output for one state (every trained question of its workflow with ``every``, as the router scores
         them; else the asked ones), its workflow and the asked questions."""
         workflow, asked = systemone.check(self.schema, questions, workflow)
-        output = self([render_state(state, workflow)], [workflow], questions=None if every else list(asked))
+        output = self([render_state(state, workflow)], [workflow], questions=None if every else list(asked),
+                      states=[state])
         return output, workflow, asked
 
     @torch.inference_mode()
@@ -328,7 +345,8 @@ class DecisionModel(nn.Module):
         results: list[dict | None] = [None] * len(texts)
         for lo in range(0, len(texts), batch_size):
             rows = order[lo:lo + batch_size]
-            output = self([texts[i] for i in rows], [checked[i][0] for i in rows])
+            output = self([texts[i] for i in rows], [checked[i][0] for i in rows],
+                          states=[requests[i]["state"] for i in rows])
             scores = self.router.scores(self, output) if route else None
             # with a router's scores at hand, their "in-domain" column is the weight: no second distance computation
             weights = scores["in-domain"].to_numpy() if route else self.in_domain(output)
@@ -355,6 +373,7 @@ class DecisionModel(nn.Module):
             "confidence_temperatures": self.confidence_temperatures,
             "head_fit": self.head_fit,
             "router": self.router.config() if self.router is not None else None,
+            "structured": self.structured.config() if self.structured is not None else None,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -367,6 +386,8 @@ class DecisionModel(nn.Module):
             tensors["feature_std"] = self.feature_std.cpu()
             if self.router is not None:
                 tensors.update(self.router.density.tensors())
+            if self.structured is not None:
+                tensors.update({k: torch.from_numpy(v) for k, v in self.structured.tensors().items()})
             save_file(tensors, scratch / HEADS_FILE)
             if self.backbone.lora is not None:
                 self.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
@@ -439,6 +460,9 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     model.temperatures.update(config["temperatures"])
     model.confidence_temperatures = config.get("confidence_temperatures")
     model.head_fit = config.get("head_fit")
+    if config.get("structured"):
+        arrays = {k: v.numpy() for k, v in load_file(str(path / HEADS_FILE)).items() if k.startswith("structured.")}
+        model.structured = StructuredPart.from_saved(config["structured"], arrays)
     if config.get("router") and "priors" not in config["router"]:
         warnings.warn(f"{config_path}: the routing threshold was fitted by an older decisionkit (no distance-aware "
                       f"answers); it is left out. Fit it again with decisionkit.anomaly.fit_router and save the model")

@@ -183,7 +183,7 @@ def run_report(preset_name: "str | Preset", out: str | Path, data_dir=None, zero
     from .calibration import calibrate
     from .metrics import score
     from .model import load
-    from .training import held_out_test, preset, train, training_pool, training_splits
+    from .training import held_out_test, part_scores, preset, train, training_pool, training_splits
 
     if reuse and (Path(out) / REPORT_FILE).is_file():
         return RunReport.load(out)
@@ -211,6 +211,9 @@ def run_report(preset_name: "str | Preset", out: str | Path, data_dir=None, zero
         scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
     model.save(out)
     baselines = {}
+    if model.structured is not None:  # the hybrid's parts apart, on the same test cases
+        baselines.update({f"{part} ({len(splits['test'])} test cases)": s
+                          for part, s in part_scores(model, splits["test"]).items()})
     if zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
         from .zeroshot import zero_shot_predictions
 

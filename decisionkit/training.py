@@ -47,12 +47,16 @@ from . import settings
 from .atomic import write_text
 from .backbone import ENCODER_BACKBONE, LoraSettings, load_backbone
 from .data import DEV_PER_WORKFLOW, Split, dev_slice, load_typed_decisions, token_lengths
-from .heads import HeadSet, Targets, decision_loss, targets, weight_norm
+from .heads import HeadSet, Targets, decision_loss, group_rows, targets, weight_norm
 from .memory import peak_rss_gb
-from .model import BACKBONE_DIR, DecisionModel, FeatureSpec, load
+from .metrics import Scores, score
+from .model import BACKBONE_DIR, DecisionModel, DecisionOutput, FeatureSpec, load
 from .report import HISTORY_FILE
+from .structured import StructuredPart, mix_weight
 
 MODES = ("heads", "full", "lora", "qlora")
+PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
+STRUCTURED_FOLDS = 5  # folds of train the hybrid's mixing weights are chosen on
 CHECKPOINT_DIR = "checkpoint"  # inside the output folder: the last evaluated step, for resuming
 TRAINER_TENSORS = "trainer.safetensors"  # optimizer moments
 TRAINER_STATE = "trainer.json"  # step, history, scheduler; written last: its presence means the checkpoint is whole
@@ -75,6 +79,7 @@ class Preset:
     head_steps: int = 400  # full-batch AdamW steps per L2 strength, on cached features
     head_lr: float = 0.003  # Adam moves every weight ~lr a step: with 2,304 inputs a larger rate overfits in 50 steps
     ordinal: float = 0.0  # weight of the expected level distance added to score questions' loss
+    structured: bool = False  # the hybrid: trees on the state's fields, averaged with the heads (heads mode)
     lora: LoraSettings | None = None
     epochs: float = 0  # stage 2 length in passes over the training cases; 0 in heads mode
     lr: float = 1e-4  # backbone peak rate in stage 2; 5e-4 diverged for LoRA on cpu-full within an epoch
@@ -96,6 +101,9 @@ class Preset:
             raise ValueError(f"mode {self.mode!r} needs epochs > 0 (the fine-tuning stage)")
         if self.mode in ("lora", "qlora") and self.lora is None:
             raise ValueError(f"mode {self.mode!r} needs lora settings")
+        if self.structured and self.mode != "heads":
+            raise ValueError(f"structured (the hybrid) needs mode 'heads', got {self.mode!r}: its weights are chosen "
+                             "on cross-fitted heads, which a fine-tuned backbone has no cached features for")
 
     def to_json(self) -> dict:
         return {**asdict(self), "features": self.features.to_json()}
@@ -117,13 +125,14 @@ PRESETS = {
     # Heads on frozen SmolLM2 features, full data: the fast baseline (about 6 minutes with bfloat16, mostly the
     # one-off extraction), and what `make demo` trains.
     "cpu-heads": Preset("cpu-heads", "heads"),
-    # The best recipe measured on 2 CPU cores (notebook 03, and the closing note of the accuracy issue): the heads
-    # recipe. Tried against it, on the dev slice or by 5-fold cross-validation on train, none better by more than
-    # noise: other layers and poolings, per-question attention pooling, feature dropout, an ordinal loss, another
-    # rendering of the state, both backbones' features together, key-order augmentation, sharpened targets, and
-    # fine-tuning: LoRA moved the dev loss by -0.0005 in 240 steps (test as its start), the top layers or every
-    # weight of SmolLM2 or of MiniLM raised it.
-    "cpu-best": Preset("cpu-best", "heads"),
+    # The best recipe measured on 2 CPU cores, and what make demo trains: the hybrid, cpu-heads' heads averaged
+    # with trees on the state's fields (out of fold on train: heads 0.722, trees 0.683, hybrid 0.760; test 0.722,
+    # 0.688, 0.769; benchmarks/results/hybrid_*.json). Tried against the heads alone before, on the dev slice or by
+    # 5-fold cross-validation on train, none better by more than noise: other layers and poolings, per-question
+    # attention pooling, feature dropout, an ordinal loss, another rendering of the state, both backbones' features
+    # together, key-order augmentation, sharpened targets, and fine-tuning: LoRA moved the dev loss by -0.0005 in
+    # 240 steps (test as its start), the top layers or every weight of SmolLM2 or of MiniLM raised it.
+    "cpu-best": Preset("cpu-best", "heads", structured=True),
     # LoRA on SmolLM2, adapters on the upper half only: the backward pass stops at layer 15.
     "cpu-lora": Preset("cpu-lora", "lora", lora=LoraSettings(first_layer=0.5), epochs=2, lr=1e-4,
                        finetune_head_lr=0.0, eval_every=20, patience=4),
@@ -231,6 +240,94 @@ def refit_heads(heads: HeadSet, cases: Split, x: torch.Tensor, fit: HeadFit, lr:
 
 
 @dataclass
+class Fold:
+    """One fold of a cross-fit: the positions its models were fitted on and the ones they score, the heads (and
+    the hybrid's trees, when asked) fitted on the rest."""
+
+    inside: np.ndarray
+    held: np.ndarray
+    heads: HeadSet
+    structured: StructuredPart | None
+
+
+def cross_fit(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int, structured: bool = False):
+    """Yield a ``Fold`` for each of ``folds`` folds of ``cases`` (``features``: theirs, standardized): heads fitted
+    on the other folds at the L2 and steps ``model.head_fit`` holds, and with ``structured`` the trees too (at the
+    model's mixing weights, if it has them). The folds are the same for every call on the same cases."""
+    fold = np.random.default_rng(0).permutation(len(cases)) % folds
+    fit = HeadFit([], float("nan"), model.head_fit["l2"], model.head_fit["steps"])
+    weights = model.structured.weights if model.structured is not None else None
+    for k in range(folds):
+        inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
+        rest = Split(f"{cases.name} - fold {k}", [cases[i] for i in inside], cases.source)
+        heads = HeadSet(model.schema, features.shape[1]).to(features.device)
+        refit_heads(heads, rest, features[inside], fit, model.head_fit["lr"], model.head_fit["ordinal"])
+        yield Fold(inside, held, heads.eval(), StructuredPart.fit(rest, weights) if structured else None)
+
+
+@dataclass
+class StructuredFit:
+    """How the hybrid was fitted: each part's and the mixture's out-of-fold scores on train, and the weights."""
+
+    scores: pd.DataFrame  # (part, workflow) -> accuracy, KL: heads alone, trees alone, hybrid
+    weights: dict[str, dict[str, float]]  # workflow -> question -> weight of the heads
+
+    def table(self) -> pd.DataFrame:
+        """Out-of-fold accuracy by workflow (and all), one column per part."""
+        return self.scores["accuracy"].unstack("part")[list(PARTS)]
+
+
+def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int = STRUCTURED_FOLDS
+                   ) -> StructuredFit:
+    """Make ``model`` the hybrid: trees on the fields of ``cases`` (the heads' training cases; ``features``: theirs,
+    standardized), averaged with the heads at a weight per question chosen on out-of-fold predictions of both (each
+    case scored by heads and trees fitted on the other folds), then fitted on every case."""
+    heads: list[dict] = [{} for _ in cases]
+    trees: list[dict] = [{} for _ in cases]
+    for fold in cross_fit(model, cases, features, folds, structured=True):
+        held = [cases[i] for i in fold.held]
+        with torch.no_grad():
+            output = model.read(features[fold.held], [c.workflow for c in held], heads=fold.heads)
+        for i, logits in zip(fold.held, output.per_case()):
+            heads[i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
+        for workflow in fold.structured.fields:
+            mine = [i for i in fold.held if cases[i].workflow == workflow]
+            found = fold.structured.probabilities([cases[i].state for i in mine], workflow,
+                                                  list(fold.structured.trees[workflow]))
+            for j, i in enumerate(mine):
+                trees[i] = {qid: p[j] for qid, p in found.items()}
+    weights: dict[str, dict[str, float]] = {}
+    for workflow in dict.fromkeys(cases.case_workflows):
+        mine = [i for i, c in enumerate(cases) if c.workflow == workflow]
+        weights[workflow] = {qid: mix_weight(np.stack([heads[i][qid] for i in mine]),
+                                             np.stack([trees[i][qid] for i in mine]),
+                                             np.stack([cases[i].gold[qid].probabilities for i in mine]))
+                             for qid in cases[mine[0]].questions}
+    hybrid = [{qid: weights[c.workflow][qid] * heads[i][qid] + (1 - weights[c.workflow][qid]) * trees[i][qid]
+               for qid in c.questions} for i, c in enumerate(cases)]
+    frames = {}
+    for part, predictions in zip(PARTS, (heads, trees, hybrid)):
+        scores = score(cases, predictions)
+        frames[part] = pd.concat([scores.summary("workflow"), scores.summary()])[["accuracy", "kl"]]
+    model.structured = StructuredPart.fit(cases, weights)
+    return StructuredFit(pd.concat(frames, names=["part", "workflow"]), weights)
+
+
+def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
+    """A hybrid's parts scored apart on ``cases``: the heads alone and the trees alone, neither calibrated (the
+    parts a hybrid is measured against: it should beat both)."""
+    features = model.split_features(cases)
+    rows = group_rows(cases.case_workflows)
+    with torch.no_grad():
+        heads = DecisionOutput(features, cases.case_workflows, model.heads.read(features, rows), rows).per_case()
+    trees = [{qid: p[0] for qid, p in model.structured.probabilities([c.state], c.workflow, list(c.questions)).items()}
+             for c in cases]
+    return {"heads alone": score(cases, [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
+                                         for h in heads]),
+            "trees alone": score(cases, trees)}
+
+
+@dataclass
 class TrainResult:
     """What a run did: the training curves, the best held-out loss, wall time and peak memory."""
 
@@ -321,6 +418,10 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
             train_x = model.normalize_fitted(torch.stack(list(raw.values())))
             refit_heads(model.heads, pool, train_x, fit, p.head_lr, p.ordinal)
             extra["train cases"] = len(pool)
+        if p.structured:
+            hybrid = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x)
+            extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid.scores.loc[(part, "all"), "accuracy"]), 4)
+                          for part in PARTS})
         model.save(out)
     else:
         history, best, step = _finetune(model, train_split, dev, p, out, history, best, fit.l2, resume, progress)
@@ -488,8 +589,6 @@ def _finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, o
 
 def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):
     """Scores of a saved (or in-memory) model on ``split`` of ``dataset``; ``metrics.Scores`` breaks them down."""
-    from .metrics import score
-
     model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
     cases = load_split(dataset, split, data_dir)
     return score(cases, *model.outputs(cases))

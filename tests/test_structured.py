@@ -1,0 +1,126 @@
+"""The state's fields and the trees that read them: columns learned on train, states of any shape encoded without
+an error, trees kept as arrays that answer exactly as scikit-learn's, and the hybrid saved and reloaded."""
+
+import numpy as np
+import pytest
+from sklearn.ensemble import HistGradientBoostingClassifier
+
+from decisionkit.structured import Fields, StructuredPart, Trees, leaves, mix_weight
+
+STATES = [
+    {"invoice": {"total_usd": 100.0 + i, "lines": [{"qty": 2, "sku": "A"}, {"qty": i, "sku": "B"}], "paid": i % 2 == 0,
+                 "note": "x" * (50 + i)},
+     "order": {"total_usd": 100.0, "status": ["open", "closed", "open"][i % 3]}}
+    for i in range(12)
+]
+
+
+def test_leaves_name_every_path_and_array_length():
+    found = dict(leaves({"a": {"b": 1, "c": [{"d": 2}, {"d": 3}]}}))
+    assert found["a.b"] == 1 and found["a.c#len"] == 2
+    assert [v for k, v in leaves({"a": {"c": [{"d": 2}, {"d": 3}]}}) if k == "a.c[].d"] == [2, 3]
+    assert leaves("a ticket as plain text") == [] and leaves(None) == []
+
+
+def test_fields_learn_numbers_categories_texts_and_same_named_pairs():
+    fields = Fields.fit(STATES)
+    assert {"invoice.total_usd", "invoice.paid", "invoice.lines[].qty", "invoice.lines#len"} <= set(fields.numbers)
+    assert fields.categories["order.status"] == ["closed", "open"]
+    assert "invoice.lines[].sku" in fields.categories
+    assert fields.texts == ["invoice.note"]
+    assert ("invoice.total_usd", "order.total_usd") in fields.pairs
+    x = fields.encode(STATES[:3])
+    columns = fields.columns
+    assert x.shape == (3, len(columns))
+    assert x[2, columns.index("invoice.lines[].qty")] == 2 + 2  # summed over the items
+    assert x[1, columns.index("order.status=closed")] == 1 and x[1, columns.index("order.status=open")] == 0
+    assert x[1, columns.index("invoice.total_usd-order.total_usd")] == pytest.approx(1.0)
+    assert x[1, columns.index("invoice.total_usd/order.total_usd")] == pytest.approx(1.01)
+    assert x[0, columns.index("invoice.note#chars")] == 50
+    assert Fields.from_json(fields.to_json()) == fields
+
+
+@pytest.mark.parametrize("state", [
+    {"invoice": {"total_usd": "a lot", "lines": "none", "paid": None}, "order": {"status": "lost"}},  # wrong types
+    {"unexpected": {"field": 3}},  # unknown fields, every known one missing
+    {},
+    "the whole state as a string",
+    [1, 2, 3],
+    None,
+])
+def test_any_state_encodes_without_an_error(state):
+    fields = Fields.fit(STATES)
+    x = fields.encode([state])
+    assert x.shape == (1, len(fields.columns))
+    numbers = x[0, :len(fields.numbers)]
+    assert np.isnan(numbers[[fields.numbers.index("invoice.total_usd"), fields.numbers.index("invoice.paid")]]).all()
+    assert not np.isinf(x).any()
+
+
+def _fitted(labels, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(len(labels), 4))
+    x[rng.random(x.shape) < 0.1] = np.nan  # missing values go the way each split learned
+    x[:, 0] += labels  # something to learn
+    model = HistGradientBoostingClassifier(max_iter=30, max_leaf_nodes=7, random_state=0).fit(x, labels)
+    return model, x
+
+
+@pytest.mark.parametrize("labels, options", [
+    (np.arange(120) % 3, 3),  # multiclass: one tree per option and iteration
+    (np.arange(120) % 2, 2),  # yes/no: one logit
+    (np.where(np.arange(120) % 2, 3, 1), 4),  # a choice whose gold only ever weighs two of its four options
+    (np.arange(120) % 3 + 1, 4),  # three of four
+])
+def test_trees_as_arrays_answer_as_scikit_learn(labels, options):
+    model, x = _fitted(labels)
+    trees = Trees.from_sklearn(model, options)
+    expected = np.zeros((len(x), options))
+    expected[:, model.classes_] = model.predict_proba(x)
+    np.testing.assert_allclose(trees.probabilities(x), expected, atol=1e-9)
+    saved = trees.tensors("q")
+    again = Trees.from_saved(trees.config(), saved, "q")
+    np.testing.assert_allclose(again.probabilities(x), expected, atol=1e-9)
+
+
+def test_trees_fit_the_soft_gold_and_a_constant_question():
+    x = np.linspace(0, 1, 40)[:, None]
+    gold = np.stack([1 - x[:, 0], x[:, 0]], axis=1)  # the gold leans with x
+    p = Trees.fit(x, gold).probabilities(np.array([[0.05], [0.95]]))
+    assert p[0, 0] > 0.6 and p[1, 1] > 0.6
+    always = Trees.fit(x, np.tile([0.0, 1.0, 0.0], (40, 1))).probabilities(x[:2])
+    assert always.argmax(axis=1).tolist() == [1, 1] and np.allclose(always.sum(axis=1), 1)
+
+
+def test_mix_weight_follows_the_better_part():
+    gold = np.eye(2)[np.arange(50) % 2]
+    good, bad = 0.9 * gold + 0.05, np.full((50, 2), 0.5)
+    assert mix_weight(good, bad, gold) == 1.0 and mix_weight(bad, good, gold) == 0.0
+    half = (np.arange(50) < 25)[:, None]  # each part knows the answer on its own half of the cases
+    language, trees = np.where(half, 0.9 * gold + 0.05, 0.5), np.where(half, 0.5, 0.9 * gold + 0.05)
+    assert mix_weight(language, trees, gold) == 0.5
+
+
+def test_the_hybrid_model_saves_reloads_and_answers_any_state(quick_model, splits, tmp_path):
+    import decisionkit as dk
+
+    _, model = quick_model
+    assert model.structured is not None, "the quick preset trains the hybrid"
+    assert isinstance(model.structured, StructuredPart)
+    weights = [w for qs in model.structured.weights.values() for w in qs.values()]
+    assert all(0 <= w <= 1 for w in weights)
+    cases = splits["test"].head(2)
+    path = model.save(tmp_path / "hybrid")
+    again = dk.load(path)
+    for a, b in zip(model.predict(cases), again.predict(cases)):
+        for qid in a:
+            np.testing.assert_allclose(a[qid], b[qid], atol=1e-6)
+    case = cases[0]
+    state = {**case.state} if isinstance(case.state, dict) else {}
+    broken = {key: "a string where a number was" for key in list(state)[:1]} | {"surprise": {"nested": [1, None]}}
+    for odd in (broken, {}, "a state that is only text", [1, 2]):
+        answers = again.decide(odd, workflow=case.workflow)
+        assert set(answers) == set(case.questions)
+        for a in answers.values():
+            if "probabilities" in a:
+                assert sum(a["probabilities"].values()) == pytest.approx(1, abs=1e-6)
