@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -29,7 +30,8 @@ from decisionkit.data import DEV_PER_WORKFLOW, dev_slice
 from decisionkit.heads import HeadSet
 from decisionkit.metrics import score
 from decisionkit.precision import kernels
-from decisionkit.training import fit_heads, part_scores, refit_heads
+from decisionkit.structured import mix_weight
+from decisionkit.training import STRUCTURED_FOLDS, cross_fit, fit_heads, part_scores, refit_heads
 
 
 def field_block(model, train, *others):
@@ -56,8 +58,13 @@ def field_block(model, train, *others):
     return out
 
 
-def joint_head(model, train, test, preset):
-    """Test scores of one linear head per question on [pooled features, fields]."""
+def _probabilities(output) -> list[dict]:
+    return [{q: torch.softmax(z.double(), -1).numpy() for q, z in logits.items()} for logits in output.per_case()]
+
+
+def joint_head(model, train, test, preset, folds: int = STRUCTURED_FOLDS):
+    """Test scores of one linear head per question on [pooled features, fields], alone and averaged with the trees
+    (a weight per question chosen out of fold, as the hybrid's)."""
     x_train, x_test = model.split_features(train), model.split_features(test)
     f_train, f_test = field_block(model, train, test)
     joint_train, joint_test = torch.cat([x_train, f_train], 1), torch.cat([x_test, f_test], 1)
@@ -68,10 +75,34 @@ def joint_head(model, train, test, preset):
                     joint_train[[index[c.id] for c in dev]], preset.l2_grid, preset.head_steps, preset.head_lr,
                     progress=False)
     refit_heads(heads, train, joint_train, fit, preset.head_lr)
+    joint_model = copy.copy(model)  # the same model reading the joint features with its heads alone
+    joint_model.structured = None
+    joint_model.head_fit = {"l2": fit.l2, "steps": fit.step, "lr": preset.head_lr, "ordinal": 0.0}
     with torch.no_grad():
-        output = model.read(joint_test, test.case_workflows, heads=heads, states=test.states)
-    return score(test, [{q: torch.softmax(z.double(), -1).numpy() for q, z in logits.items()}
-                        for logits in output.per_case()])
+        joint = _probabilities(joint_model.read(joint_test, test.case_workflows, heads=heads))
+    # out of fold on train: joint heads and trees fitted on the other folds, for the mixing weights
+    oof_joint, oof_trees = [None] * len(train), [None] * len(train)
+    for fold in cross_fit(joint_model, train, joint_train, folds, structured=True):
+        held = [train[i] for i in fold.held]
+        with torch.no_grad():
+            found = _probabilities(joint_model.read(joint_train[fold.held], [c.workflow for c in held],
+                                                    heads=fold.heads))
+        for i, p in zip(fold.held, found):
+            oof_joint[i] = p
+            oof_trees[i] = {q: v[0] for q, v in fold.structured.probabilities([train[i].state], train[i].workflow,
+                                                                              list(p)).items()}
+    weights = {}
+    for workflow in dict.fromkeys(train.case_workflows):
+        mine = [i for i, c in enumerate(train) if c.workflow == workflow]
+        weights[workflow] = {q: mix_weight(np.stack([oof_joint[i][q] for i in mine]),
+                                           np.stack([oof_trees[i][q] for i in mine]),
+                                           np.stack([train[i].gold[q].probabilities for i in mine]))
+                             for q in train[mine[0]].questions}
+    trees = [{q: v[0] for q, v in model.structured.probabilities([c.state], c.workflow, list(c.questions)).items()}
+             for c in test]
+    mixed = [{q: weights[c.workflow][q] * joint[i][q] + (1 - weights[c.workflow][q]) * trees[i][q]
+              for q in c.questions} for i, c in enumerate(test)]
+    return score(test, joint), score(test, mixed)
 
 
 def per_decision_ms(model, cases, repeats: int = 3) -> dict:
@@ -107,7 +138,9 @@ def main(argv=None) -> int:
     train, test = dk.load_typed_decisions("train"), dk.load_typed_decisions("test")
     hybrid_part = model.structured
     hybrid = score(test, model.predict(test, raw=True))
-    rows = {**part_scores(model, test), "hybrid (mixture)": hybrid, "joint head": joint_head(model, train, test, preset)}
+    joint, joint_and_trees = joint_head(model, train, test, preset)
+    rows = {**part_scores(model, test), "hybrid (mixture)": hybrid, "joint head": joint,
+            "joint head + trees": joint_and_trees}
     result = {
         "run": str(args.run), "test cases": len(test),
         "scores": {name: {**{k: s.overall()[k] for k in ("accuracy", "kl", "brier")},
