@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     rows = {**part_scores(model, test), "hybrid (mixture)": hybrid, "joint head": joint,
             "joint head + trees": joint_and_trees}
     result = {
-        "run": str(args.run), "test cases": len(test),
+        "run": Path(args.run).name, "test cases": len(test),
         "scores": {name: {**{k: s.overall()[k] for k in ("accuracy", "kl", "brier")},
                           "by_workflow": s.summary("workflow")["accuracy"].to_dict()} for name, s in rows.items()},
         "weights": hybrid_part.weights,
