@@ -128,7 +128,7 @@ class LearningCurve:
 
 
 def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 140, None),
-                   l2_grid=L2_GRID) -> LearningCurve:
+                   l2_grid=L2_GRID, steps: int = STEPS) -> LearningCurve:
     """Heads on a frozen model's features (cached) of the first ``n`` train cases of each workflow (None: all),
     each scored on ``held_out``: how fast accuracy still grows with data tells whether data or capacity limits."""
     train_x = model.raw_split_features(train).cpu().numpy()
@@ -137,7 +137,7 @@ def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 1
     for n in per_workflow:
         subset = train if n is None else train.head(n)
         index = [train.ids.index(i) for i in subset.ids]
-        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid)
+        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid, steps=steps)
         best = result.history.loc[result.history["val_loss"].idxmin()]
         overall = result.scores.overall()
         rows.append({"train cases": len(subset), "accuracy": overall["accuracy"], "kl": overall["kl"],
