@@ -191,21 +191,21 @@ class Trees:
 
         options = gold.shape[1]
         rows, labels, weights = _expanded(x, gold)
-        present = np.unique(labels)
-        if len(present) < 2:  # the gold never gives weight to more than one option: answer it always
-            return cls.constant(options, int(present[0]) if len(present) else 0)
+        if len(np.unique(labels)) < 2 or x.shape[1] == 0:  # one option ever weighed, or no field to split on
+            return cls.prior(gold.mean(axis=0))
         model = HistGradientBoostingClassifier(**{**TREE_SETTINGS, **settings}, early_stopping=False,
                                                random_state=seed)
         model.fit(rows, labels, sample_weight=weights)
         return cls.from_sklearn(model, options)
 
     @classmethod
-    def constant(cls, options: int, option: int) -> "Trees":
-        baseline = np.full(options, -30.0)
-        baseline[option] = 0.0
+    def prior(cls, distribution: np.ndarray) -> "Trees":
+        """No trees: every state gets ``distribution`` (the training prior)."""
+        options = len(distribution)
         empty = np.zeros(0)
-        return cls(options, baseline, np.zeros((0, options), dtype=np.int64), empty.astype(np.int64), empty,
-                   empty.astype(bool), empty.astype(np.int64), empty.astype(np.int64), empty.astype(bool), empty, 0)
+        return cls(options, np.log(np.maximum(distribution, 1e-13)), np.zeros((0, options), dtype=np.int64),
+                   empty.astype(np.int64), empty, empty.astype(bool), empty.astype(np.int64), empty.astype(np.int64),
+                   empty.astype(bool), empty, 0)
 
     @classmethod
     def from_sklearn(cls, model, options: int) -> "Trees":

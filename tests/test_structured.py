@@ -83,13 +83,21 @@ def test_trees_as_arrays_answer_as_scikit_learn(labels, options):
     np.testing.assert_allclose(again.probabilities(x), expected, atol=1e-9)
 
 
-def test_trees_fit_the_soft_gold_and_a_constant_question():
+def test_trees_fit_the_soft_gold_a_constant_question_and_states_without_fields():
     x = np.linspace(0, 1, 40)[:, None]
     gold = np.stack([1 - x[:, 0], x[:, 0]], axis=1)  # the gold leans with x
     p = Trees.fit(x, gold).probabilities(np.array([[0.05], [0.95]]))
     assert p[0, 0] > 0.6 and p[1, 1] > 0.6
     always = Trees.fit(x, np.tile([0.0, 1.0, 0.0], (40, 1))).probabilities(x[:2])
     assert always.argmax(axis=1).tolist() == [1, 1] and np.allclose(always.sum(axis=1), 1)
+    texts = Fields.fit(["a ticket", "another ticket"])  # plain-text states have no fields: the trees answer the prior
+    assert texts.columns == []
+    prior = Trees.fit(texts.encode(["a ticket", "x"]), np.array([[0.2, 0.8], [0.6, 0.4]])).probabilities(
+        texts.encode(["new"]))
+    np.testing.assert_allclose(prior, [[0.4, 0.6]])
+    saved = Trees.prior(np.array([0.4, 0.6]))
+    np.testing.assert_allclose(Trees.from_saved(saved.config(), saved.tensors("q"), "q").probabilities(
+        np.zeros((1, 0))), [[0.4, 0.6]])
 
 
 def test_mix_weight_follows_the_better_part():
