@@ -30,7 +30,7 @@ from decisionkit.data import DEV_PER_WORKFLOW, dev_slice
 from decisionkit.heads import HeadSet
 from decisionkit.metrics import score
 from decisionkit.precision import kernels
-from decisionkit.structured import mix_weight
+from decisionkit.structured import mix_weights, mixed
 from decisionkit.training import STRUCTURED_FOLDS, cross_fit, fit_heads, part_scores, refit_heads
 
 
@@ -91,18 +91,10 @@ def joint_head(model, train, test, preset, folds: int = STRUCTURED_FOLDS):
             oof_joint[i] = p
             oof_trees[i] = {q: v[0] for q, v in fold.structured.probabilities([train[i].state], train[i].workflow,
                                                                               list(p)).items()}
-    weights = {}
-    for workflow in dict.fromkeys(train.case_workflows):
-        mine = [i for i, c in enumerate(train) if c.workflow == workflow]
-        weights[workflow] = {q: mix_weight(np.stack([oof_joint[i][q] for i in mine]),
-                                           np.stack([oof_trees[i][q] for i in mine]),
-                                           np.stack([train[i].gold[q].probabilities for i in mine]))
-                             for q in train[mine[0]].questions}
+    weights = mix_weights(train, oof_joint, oof_trees)
     trees = [{q: v[0] for q, v in model.structured.probabilities([c.state], c.workflow, list(c.questions)).items()}
              for c in test]
-    mixed = [{q: weights[c.workflow][q] * joint[i][q] + (1 - weights[c.workflow][q]) * trees[i][q]
-              for q in c.questions} for i, c in enumerate(test)]
-    return score(test, joint), score(test, mixed)
+    return score(test, joint), score(test, mixed(test, joint, trees, weights))
 
 
 def per_decision_ms(model, cases, repeats: int = 3) -> dict:

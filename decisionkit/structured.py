@@ -299,6 +299,25 @@ def mix_weight(language: np.ndarray, trees: np.ndarray, gold: np.ndarray) -> flo
     return float(MIX_GRID[int(np.argmin(losses))])
 
 
+def mix_weights(cases: Split, language: list[dict], trees: list[dict]) -> dict[str, dict[str, float]]:
+    """``mix_weight`` for every (workflow, question) of ``cases``, from per-case predictions of both parts
+    (question -> probabilities, one dict per case, out of fold)."""
+    weights: dict[str, dict[str, float]] = {}
+    for workflow in dict.fromkeys(cases.case_workflows):
+        mine = [i for i, c in enumerate(cases) if c.workflow == workflow]
+        weights[workflow] = {qid: mix_weight(np.stack([language[i][qid] for i in mine]),
+                                             np.stack([trees[i][qid] for i in mine]),
+                                             np.stack([cases[i].gold[qid].probabilities for i in mine]))
+                             for qid in cases[mine[0]].questions}
+    return weights
+
+
+def mixed(cases: Split, language: list[dict], trees: list[dict], weights: dict[str, dict[str, float]]) -> list[dict]:
+    """Per case: w * language + (1 - w) * trees for each of its questions."""
+    return [{qid: weights[c.workflow][qid] * language[i][qid] + (1 - weights[c.workflow][qid]) * trees[i][qid]
+             for qid in c.questions} for i, c in enumerate(cases)]
+
+
 @dataclass
 class StructuredPart:
     """The fields and trees of every workflow, and how much each question's answer trusts the language model:

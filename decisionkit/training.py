@@ -52,7 +52,7 @@ from .memory import peak_rss_gb
 from .metrics import Scores, score
 from .model import BACKBONE_DIR, DecisionModel, DecisionOutput, FeatureSpec, load
 from .report import HISTORY_FILE
-from .structured import StructuredPart, mix_weight
+from .structured import StructuredPart, mix_weights, mixed
 
 MODES = ("heads", "full", "lora", "qlora")
 PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
@@ -296,15 +296,8 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
                                                   list(fold.structured.trees[workflow]))
             for j, i in enumerate(mine):
                 trees[i] = {qid: p[j] for qid, p in found.items()}
-    weights: dict[str, dict[str, float]] = {}
-    for workflow in dict.fromkeys(cases.case_workflows):
-        mine = [i for i, c in enumerate(cases) if c.workflow == workflow]
-        weights[workflow] = {qid: mix_weight(np.stack([heads[i][qid] for i in mine]),
-                                             np.stack([trees[i][qid] for i in mine]),
-                                             np.stack([cases[i].gold[qid].probabilities for i in mine]))
-                             for qid in cases[mine[0]].questions}
-    hybrid = [{qid: weights[c.workflow][qid] * heads[i][qid] + (1 - weights[c.workflow][qid]) * trees[i][qid]
-               for qid in c.questions} for i, c in enumerate(cases)]
+    weights = mix_weights(cases, heads, trees)
+    hybrid = mixed(cases, heads, trees, weights)
     frames = {}
     for part, predictions in zip(PARTS, (heads, trees, hybrid)):
         scores = score(cases, predictions)
