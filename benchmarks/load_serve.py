@@ -22,10 +22,8 @@ import pandas as pd
 
 import decisionkit as dk
 from decisionkit.latency import hardware
-from decisionkit.serve import (
-    ENDPOINT,
-    Batching,
-    Limits,
+from decisionkit.serve import ENDPOINT, Batching, Limits
+from decisionkit.serve_lab import (
     LoadComparison,
     batch_sweep,
     compare_batching,

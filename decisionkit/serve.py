@@ -16,40 +16,29 @@ other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are wa
 ``max_reading`` are still sending their bodies; 504 when the model did not answer within ``request_timeout``; 500
 for a bug. The server binds to 127.0.0.1 unless told otherwise.
 
-``launch(runs)`` starts ``decisionkit serve`` in a child process and waits until it answers (notebooks, tests,
-benchmarks); ``load_test`` measures it. ``serve_ray.py`` deploys the same app on Ray Serve.
+Malformed HTTP and slow headers are answered by ``serve_protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
+errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
+``benchmarks/load_serve.py``); ``serve_ray.py`` deploys the same app on Ray Serve.
 """
 
 import datetime
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Callable, Sequence
 
 import anyio
-import h11
 import litserve as ls
-import numpy as np
-import pandas as pd
 import pydantic_core
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from . import systemone
 from .model import CONFIG_FILE, load
+from .serve_protocol import json_errors_protocol
 from .systemone import ModelMetadata, ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
 
 try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
@@ -244,54 +233,6 @@ class RequestLimits:
                              headers={"Retry-After": str(self.limits.retry_after)})
 
 
-class JSONErrorsProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, whose 400 for a request it cannot parse is JSON like every other answer, and
-    which gives a client ``header_timeout`` seconds to send its request line and headers (uvicorn itself waits
-    for them without end): a connection that dribbles headers gets a JSON 408 and is closed."""
-
-    header_timeout = Limits.read_timeout
-    header_timer = None
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self._await_headers()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._await_headers()  # the next request on a kept-alive connection gets the same time
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-        super().connection_lost(exc)
-
-    def _await_headers(self) -> None:
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-        self.header_timer = self.loop.call_later(self.header_timeout, self._headers_late)
-
-    def _headers_late(self) -> None:
-        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
-            return  # the headers came; the body has its own timeout (RequestLimits)
-        if self.conn.our_state is h11.IDLE:
-            self._send_json_error(408, b"Request Timeout", f"the request headers did not arrive within "
-                                                         f"{self.header_timeout:g} s")
-        else:
-            self.transport.close()
-
-    def send_400_response(self, msg: str) -> None:
-        self._send_json_error(400, b"Bad Request", f"{msg} Check the request line, the headers and Content-Length.")
-
-    def _send_json_error(self, status: int, reason: bytes, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                   (b"connection", b"close")]
-        for event in (h11.Response(status_code=status, headers=headers, reason=reason), h11.Data(data=body),
-                      h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event))
-        self.transport.close()
-
-
 async def _internal_error(request: Request, err: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"internal error ({type(err).__name__}); the server log has the traceback"},
                         HTTPStatus.INTERNAL_SERVER_ERROR)
@@ -361,236 +302,5 @@ def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000,
           limits: Limits = Limits(), log_level: str = "warning") -> None:
     """Serve the saved models in ``runs`` until interrupted (``decisionkit serve`` calls this)."""
     server = SystemOneServer(catalog(runs), batching, limits)
-    protocol = type("JSONErrorsProtocol", (JSONErrorsProtocol,), {"header_timeout": limits.read_timeout})
-    server.run(host=host, port=port, log_level=log_level, generate_client_file=False, http=protocol,
-               timeout_keep_alive=5)
-
-
-# ----- running it from Python -------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class Launched:
-    """A ``decisionkit serve`` child process; ``stop()`` ends it and the processes LitServe started."""
-
-    process: subprocess.Popen
-    url: str
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-
-    def __enter__(self) -> "Launched":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batching = Batching(),
-           limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None) -> Launched:
-    """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group) and return once
-    ``GET /health`` answers; ``log`` receives its output (default: discarded)."""
-    port = port or free_port()
-    command = [sys.executable, "-m", "decisionkit", "serve", *map(str, runs), "--port", str(port),
-               "--max-batch-size", str(batching.max_batch_size), "--batch-timeout", str(batching.timeout),
-               *(arg for name, value in asdict(limits).items() for arg in (f"--{name.replace('_', '-')}", str(value)))]
-    output = open(log, "ab") if log else subprocess.DEVNULL
-    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-    launched = Launched(process, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"decisionkit serve exited with status {process.returncode} before answering"
-                               + (f"; see {log}" if log else "; pass log= to see why"))
-        try:
-            with urllib.request.urlopen(f"{launched.url}/health", timeout=5) as response:
-                if response.status == HTTPStatus.OK:
-                    return launched
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.5)
-    launched.stop()
-    raise TimeoutError(f"decisionkit serve did not answer on {launched.url} within {startup_timeout:g} s")
-
-
-def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: float,
-              max_requests: int | None = None) -> dict[str, float]:
-    """``concurrency`` clients posting ``bodies`` (in turn) to ``url`` back to back, for at most ``seconds`` and
-    ``max_requests`` requests in all: requests per second, latency percentiles, and how many were lost (an answer
-    other than 200, or a broken connection)."""
-    latencies: list[float] = []
-    lost = [0]
-    sent = iter(range(max_requests or sys.maxsize))
-    guard = threading.Lock()
-    deadline = time.perf_counter() + seconds
-
-    def client() -> None:
-        while time.perf_counter() < deadline:
-            with guard:
-                n = next(sent, None)
-            if n is None:
-                return
-            request = urllib.request.Request(url, data=bodies[n % len(bodies)],
-                                             headers={"Content-Type": "application/json"})
-            start = time.perf_counter()
-            try:
-                with urllib.request.urlopen(request, timeout=300) as response:
-                    ok = response.status == HTTPStatus.OK
-                    response.read()
-            except (urllib.error.URLError, OSError):
-                ok = False
-            with guard:
-                if ok:
-                    latencies.append((time.perf_counter() - start) * 1e3)
-                else:
-                    lost[0] += 1
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    ms = np.asarray(latencies) if latencies else np.asarray([float("nan")])
-    return {"clients": concurrency, "requests": len(latencies), "lost": lost[0],
-            "requests/s": len(latencies) / elapsed,
-            **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
-
-
-def bad_requests(good: dict) -> dict[str, tuple[str, bytes]]:
-    """Requests the server must refuse with a JSON 4xx, built from one good request body: name -> (method, body).
-    What each breaks: the JSON itself, a field's type or value, the model or question asked, the nesting depth,
-    the size limit, the HTTP method."""
-    def body(**changes) -> bytes:
-        return json.dumps({**good, **changes}).encode()
-
-    return {
-        "malformed JSON": ("POST", b"{'state': 1"),
-        "state null": ("POST", body(state=None)),
-        "state empty": ("POST", body(state="")),
-        "state 42": ("POST", body(state=42)),
-        "NaN in the state": ("POST", body(state={"x": float("nan")})),
-        "workflow a list": ("POST", body(workflow=["a"])),
-        "unknown model": ("POST", body(model="jev-latest")),
-        "unknown question": ("POST", body(questions={"colour": {"type": "noul"}})),
-        "100k nested brackets": ("POST", b'{"model": "m", "state": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
-        "body over the limit": ("POST", body(state="x" * 300_000)),
-        "PUT": ("PUT", json.dumps(good).encode()),
-    }
-
-
-def refusals(url: str, good: dict) -> pd.DataFrame:
-    """Send each of ``bad_requests(good)`` to the server at ``url`` (127.0.0.1): per request the status, whether
-    the answer is JSON, and its ``detail`` (cut to 110 characters)."""
-    rows = {}
-    for name, (method, body) in bad_requests(good).items():
-        request = urllib.request.Request(f"{url}{ENDPOINT}", data=body, method=method,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                status, kind, payload = response.status, response.headers["content-type"], response.read()
-        except urllib.error.HTTPError as refused:
-            status, kind, payload = refused.code, refused.headers["content-type"], refused.read()
-        detail = json.loads(payload).get("detail") if kind == "application/json" else payload[:110].decode()
-        rows[name] = {"status": status, "JSON": kind == "application/json", "detail": str(detail)[:110]}
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def served_vs_decided(served: dict, decided: dict, atol: float = 1e-4) -> pd.DataFrame:
-    """The answers a server sent beside ``decide()``'s for the same request, one row per field (``team.choice``,
-    ``team.probabilities.billing``, ...), and whether they agree: strings exactly, numbers within ``atol``."""
-    a, b = pd.json_normalize(served).T[0], pd.json_normalize(decided).T[0]
-    table = pd.DataFrame({"served": a, "decide()": b})
-    numbers = pd.to_numeric(table["decide()"], errors="coerce").notna() & pd.to_numeric(
-        table["served"], errors="coerce").notna()
-    same = table["served"] == table["decide()"]
-    close = (pd.to_numeric(table["served"], errors="coerce") - pd.to_numeric(table["decide()"], errors="coerce")
-             ).abs() <= atol
-    table["agree"] = np.where(numbers, close, same)
-    return table
-
-
-def requests_for(model, name: str, cases, count: int) -> tuple[list[dict], list[bytes]]:
-    """The first ``count`` of ``cases`` short enough for ``model`` (a longer state is refused, not answered), as
-    ``decide_many`` requests and as System One request bodies for the model served as ``name``."""
-    fits = [c for c in cases if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:count]
-    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}} for c in fits]
-    return asked, [json.dumps({"model": name, **a}).encode() for a in asked]
-
-
-@dataclass
-class LoadComparison:
-    """Load tests of one server setting per row: batching (max batch size) x concurrent clients."""
-
-    rows: list[dict]
-    hardware: dict
-
-    def table(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows).set_index(["max batch", "clients"])
-
-    def speedup(self, clients: int) -> float:
-        """Requests per second with batching over one request per forward, at ``clients`` clients."""
-        rate = self.table()["requests/s"].xs(clients, level="clients")
-        return float(rate[rate.index > 1].max() / rate[1])
-
-    def figure(self):
-        from .plots import load_curves
-
-        return load_curves(self.table())
-
-
-def compare_batching(runs: Sequence[str | Path], bodies: Sequence[bytes], clients: Sequence[int] = (1, 4, 16, 64),
-                     batch_sizes: Sequence[int] = (16, 1), rounds: int = 2, min_requests: int = 24,
-                     seconds: float = 300.0, limits: Limits = Limits(), log: str | Path | None = None
-                     ) -> LoadComparison:
-    """For each max batch size (1: no batching), launch the server and load-test it at each number of clients n:
-    ``max(min_requests, rounds * n)`` requests per level, in at most ``seconds``. Each row records the load
-    average, since other work on the machine slows the model too."""
-    from .latency import hardware
-
-    rows = []
-    for size in batch_sizes:
-        with launch(runs, batching=Batching(size), limits=limits, log=log) as server:
-            url = f"{server.url}{ENDPOINT}"
-            load_test(url, bodies, concurrency=2, seconds=seconds, max_requests=4)  # warm-up, not counted
-            for n in clients:
-                result = load_test(url, bodies, n, seconds, max_requests=max(min_requests, rounds * n))
-                rows.append({"max batch": size, **result, "load average": round(os.getloadavg()[0], 2)})
-    return LoadComparison(rows, hardware())
-
-
-def compute_facts(model) -> dict:
-    """The model's compute dtype (chosen at load, ``precision.py``), device, and the CPU's capability: timings
-    depend on all three."""
-    import torch
-
-    return {**model.backbone.precision.describe(),
-            "cpu bf16 instructions": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
-
-
-def batch_sweep(model, requests: Sequence[dict], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> pd.DataFrame:
-    """Milliseconds per request of ``model.decide_many`` by batch size, on the same requests (what a server's
-    batching can gain on this device, without HTTP)."""
-    from .latency import time_calls
-
-    model.decide_many(requests, batch_size=max(sizes))  # the first forward passes page the weights in
-    rows = []
-    for size in sizes:
-        chunks = [list(requests[i:i + size]) for i in range(0, len(requests) - size + 1, size)]
-        timing = time_calls(f"batch {size}", lambda chunk: model.decide_many(chunk, batch_size=size), chunks, warmup=1)
-        per_request = timing.median / size
-        rows.append({"batch size": size, "batches": len(chunks), "ms per request": per_request,
-                     "requests/s": 1e3 / per_request})
-    table = pd.DataFrame(rows).set_index("batch size")
-    table["speed-up"] = table["requests/s"] / table["requests/s"].iloc[0]
-    return table
+    server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
+               http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 
 import decisionkit
 from decisionkit.anomaly import fit_router, lowest_confidence
+from decisionkit.serve_lab import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; playwright's own browser downloads are refused here
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_training.ipynb"
@@ -48,12 +48,6 @@ def notebook_03_cells() -> tuple[str, list[str]]:
     assert loads, "notebook 03 should load the model the panel shows before building the panel"
     assert "import" in code[0] and "DecisionPanel" in code[0], "notebook 03's first code cell should import the panel"
     return code[0], code[loads[-1]:shown[0] + 1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

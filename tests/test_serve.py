@@ -23,11 +23,12 @@ import typesafe_sdk as sdk
 from fastapi import FastAPI
 
 import decisionkit
-from decisionkit import precision, serve, systemone
+from decisionkit import precision, serve_lab, systemone
 from decisionkit.anomaly import fit_router
 from decisionkit.cli import build_parser, main
 from decisionkit.precision import ANSWER_TOLERANCE
-from decisionkit.serve import ENDPOINT, Limits, RequestLimits, launch, load_test, zstd
+from decisionkit.serve import ENDPOINT, Limits, RequestLimits, zstd
+from decisionkit.serve_lab import launch, load_test
 
 READ_TIMEOUT = 1.0  # seconds; short, so the slow-body cases end quickly
 SDK_TIMEOUT = 300.0  # seconds; the SDK's default 10 s is too short for a busy 2-core CI machine
@@ -299,7 +300,7 @@ def test_zstd_bodies_are_decoded_within_the_size_limit(served, cases):
     status, compressed = send(packed)
     assert status == 200 and len(packed) < len(body)
     plain = exchange(server, http_request(body))[2]
-    assert serve.served_vs_decided(compressed["answers"], plain["answers"])["agree"].all()
+    assert serve_lab.served_vs_decided(compressed["answers"], plain["answers"])["agree"].all()
     status, payload = send(packed[:len(packed) // 2])
     assert status == 400 and "truncated" in payload["detail"]
     bomb = zstd.compress(b'{"state": "' + b"x" * 10**7 + b'"}')  # 10 MB in a few hundred bytes
@@ -439,8 +440,8 @@ def test_decide_command_reads_standard_input(quick_model, cases, monkeypatch, ca
 def test_the_course_refusal_table_is_what_the_server_answers(served, cases):
     server, name, _ = served
     good = json.loads(good_body(name, cases[0]))
-    table = serve.refusals(server.url, good)
-    assert list(table.index) == list(serve.bad_requests(good))
+    table = serve_lab.refusals(server.url, good)
+    assert list(table.index) == list(serve_lab.bad_requests(good))
     expected = {"malformed JSON": 422, "unknown model": 422, "unknown question": 422, "state null": 422,
                 "body over the limit": 413, "PUT": 405}
     assert table.loc[list(expected), "status"].to_dict() == expected
@@ -455,9 +456,9 @@ def test_served_answers_are_compared_field_by_field(served, cases):
         asked = {q: getattr(sdk, x["type"].capitalize())(**x) for q, x in questions(case).items()}
         result = sdk_client.system_one(state=case.state, questions=asked)
     local = model.decide(case.state, questions(case))
-    table = serve.served_vs_decided(result.raw_http_response.json()["answers"], local)
+    table = serve_lab.served_vs_decided(result.raw_http_response.json()["answers"], local)
     assert table["agree"].all() and len(table) > len(local)  # one row per field, not per question
     qid, answer = next((q, a) for q, a in local.items() if a["type"] == "choice")
     changed = {**local, qid: {**answer, "confidence": answer["confidence"] + 1e-3}}
-    other = serve.served_vs_decided(result.raw_http_response.json()["answers"], changed)
+    other = serve_lab.served_vs_decided(result.raw_http_response.json()["answers"], changed)
     assert other.loc[~other["agree"]].index.tolist() == [f"{qid}.confidence"]  # past atol: the one field flagged

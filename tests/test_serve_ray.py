@@ -7,7 +7,8 @@ import pytest
 
 from decisionkit import precision, systemone
 from decisionkit.precision import ANSWER_TOLERANCE
-from decisionkit.serve import ENDPOINT, free_port
+from decisionkit.serve import ENDPOINT
+from decisionkit.serve_lab import free_port
 
 ray = pytest.importorskip("ray")
 
