@@ -29,8 +29,8 @@ from decisionkit.anomaly import (
     fit_router,
     in_domain_calibration,
     load_inputs,
-    lowest_confidence,
 )
+from decisionkit.answer_fields import lowest_confidence
 from decisionkit.calibration import CALIBRATIONS, calibrate
 from decisionkit.report import git_commit
 

@@ -27,11 +27,12 @@ import torch
 
 import decisionkit as dk
 from decisionkit.data import DEV_PER_WORKFLOW, dev_slice
+from decisionkit.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from decisionkit.heads import HeadSet
 from decisionkit.metrics import score
 from decisionkit.precision import kernels
 from decisionkit.structured import mix_weights, mixed
-from decisionkit.training import STRUCTURED_FOLDS, cross_fit, fit_heads, part_scores, refit_heads
+from decisionkit.training import part_scores
 
 
 def field_block(model, train, *others):
@@ -74,10 +75,10 @@ def joint_head(model, train, test, preset, folds: int = STRUCTURED_FOLDS):
     fit = fit_heads(heads, inside, dev, joint_train[[index[c.id] for c in inside]],
                     joint_train[[index[c.id] for c in dev]], preset.l2_grid, preset.head_steps, preset.head_lr,
                     progress=False)
-    refit_heads(heads, train, joint_train, fit, preset.head_lr)
+    refit_heads(heads, train, joint_train, fit.recipe)
     joint_model = copy.copy(model)  # the same model reading the joint features with its heads alone
     joint_model.structured = None
-    joint_model.head_fit = {"l2": fit.l2, "steps": fit.step, "lr": preset.head_lr, "ordinal": 0.0}
+    joint_model.head_recipe = fit.recipe
     with torch.no_grad():
         joint = _probabilities(joint_model.read(joint_test, test.case_workflows, heads=heads))
     # out of fold on train: joint heads and trees fitted on the other folds, for the mixing weights

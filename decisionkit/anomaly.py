@@ -16,11 +16,12 @@ worse than a coin off-domain). A distance in feature space can. The scores below
   al., 2018): projected on the top principal directions of the training features, one mean per workflow and a
   shared Ledoit-Wolf shrinkage covariance. ``in-domain`` is the weight it gives the heads (below).
 
-Distance-aware answers. Past the distance of the farthest ``TAIL_SHARE`` of held-out real inputs, the weight
-w = exp(-(distance - reference) / scale) falls from 1 towards 0, ``scale`` being the mean excess of those farthest
-inputs (an exponential tail fitted to them). The model then answers w * heads + (1 - w) * the training prior, with
-confidence w * the heads' confidence (``DecisionModel._outputs``). Real inputs keep their answers (w = 1 for all but
-about ``TAIL_SHARE`` of them); a poem, 5x farther than any training case, answers the prior with confidence ~0.
+Distance-aware answers (``routing.Router``). Past the distance of the farthest ``TAIL_SHARE`` of held-out real
+inputs, the weight w = exp(-(distance - reference) / scale) falls from 1 towards 0, ``scale`` being the mean excess
+of those farthest inputs (an exponential tail fitted to them). The model then answers w * heads + (1 - w) * the
+training prior, with confidence w * the heads' confidence (``answer_parts``, ``answers.py``). Real inputs keep their
+answers (w = 1 for all but about ``TAIL_SHARE`` of them); a poem, far beyond every training case, answers the prior
+with confidence ~0.
 
 ``fit_router(model, train, validation)`` fits the feature density on the training split, the tail and the threshold
 on held-out real inputs: the validation split and, on a frozen backbone, every train case scored by heads re-fitted
@@ -31,7 +32,7 @@ to a human. It is saved with the model; ``model.route(state)`` answers with ``{"
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +41,16 @@ import pandas as pd
 import torch
 
 from .data import DataError, Split, jsonl_rows, render_state
-from .heads import calibrated, targets
+from .fitting import STRUCTURED_FOLDS, cross_fit
+from .heads import targets
 from .metrics import gold_priors
-from .training import STRUCTURED_FOLDS, cross_fit
+from .routing import LOW_IS_ANOMALOUS, SCORES, TARGET_REJECTION, FeatureDensity, Router, anomalous
 
-SCORES = ("confidence", "raw confidence", "msp", "entropy", "energy", "mahalanobis")
-LOW_IS_ANOMALOUS = {"confidence", "raw confidence"}  # the other scores grow as inputs get stranger
 OFF_DOMAIN_DIR = Path(__file__).resolve().parent / "scenario_data" / "off-domain"  # package data: ships in the wheel
-PCA_COMPONENTS = 128  # directions kept for the Mahalanobis distance: 2,304 raw dimensions vs 1,120 train cases
-TARGET_REJECTION = 0.05  # share of held-out real inputs a threshold sends to a human
 TAIL_SHARE = 0.01  # the farthest share of held-out real inputs, past which answers lose confidence: ECE moves < 0.01
 CROSS_FIT_FOLDS = 10  # heads re-fitted on 90% of train score the other 10%: close to the final heads' confidence
-# A hybrid's folds re-fit its trees too (about 20 s a fold on 1,120 cases, 2 cores): the 5 folds its mixing weights
-# were chosen on keep make demo within its 15 minutes.
+# A hybrid's folds re-fit its trees too: the 5 folds its mixing weights were chosen on keep make demo within its
+# 15 minutes.
 HYBRID_CROSS_FIT_FOLDS = STRUCTURED_FOLDS
 
 
@@ -118,128 +116,6 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
     return Inputs(path.stem, ids, states, wfs, kinds)
 
 
-def lowest_confidence(answers: dict) -> float:
-    """The smallest ``confidence`` field over System One answers (choice and score answers carry one; answers to
-    yes/no questions alone fall back to their top probability, max(P(true), P(false)))."""
-    carried = [a["confidence"] for a in answers.values() if "confidence" in a]
-    return min(carried) if carried else min(max(a["noul"], 1 - a["noul"]) for a in answers.values())
-
-
-def output_scores(model, logits: dict[str, torch.Tensor], workflow: str, weight: float, priors: dict) -> dict:
-    """Confidence (the lowest of the answers, distance-aware at ``weight`` towards ``priors``, and raw), MSP (per
-    question and the case's minimum), entropy and energy of one input's head outputs. A workflow of yes/no questions
-    alone has no confidence field: there, ``weight`` times the lowest top probability stands in for it."""
-    scores, msps, entropies, energies = {}, [], [], []
-    for qid, z in logits.items():
-        t = model.temperature(model.schema[workflow][qid].type)
-        p = calibrated(z, t)
-        msps.append(float(p.max()))
-        scores[f"msp:{qid}"] = msps[-1]
-        entropies.append(float(-(p * torch.log(p.clamp_min(1e-12))).sum() / np.log(len(p))))
-        energies.append(float(-t * torch.logsumexp(z / t, dim=-1)))
-    for name, w in (("confidence", weight), ("raw confidence", 1.0)):
-        carried = [c for _, c in model.answer_parts(logits, workflow, w, priors).values() if c is not None]
-        scores[name] = min(carried) if carried else w * min(msps)
-    scores.update(msp=1 - min(msps), entropy=float(np.mean(entropies)), energy=float(np.mean(energies)))
-    return scores
-
-
-def anomalous(score: str, values, threshold: float):
-    """True where ``values`` of ``score`` lie on the human side of ``threshold``."""
-    return np.asarray(values) < threshold if score in LOW_IS_ANOMALOUS else np.asarray(values) > threshold
-
-
-@dataclass
-class FeatureDensity:
-    """Training features per workflow in a low-dimensional projection: a mean each, one shrunk covariance."""
-
-    mean: np.ndarray  # (dim,) centre of the projection
-    components: np.ndarray  # (k, dim) principal directions
-    centres: dict[str, np.ndarray]  # workflow -> (k,) mean of its projected training features
-    precision: np.ndarray  # (k, k) inverse of the shared covariance
-
-    @classmethod
-    def fit(cls, features: np.ndarray, workflows: list[str], components: int = PCA_COMPONENTS) -> "FeatureDensity":
-        from sklearn.covariance import LedoitWolf
-        from sklearn.decomposition import PCA
-
-        pca = PCA(n_components=min(components, len(features) - 1), random_state=0).fit(features)
-        projected = pca.transform(features)
-        labels = np.asarray(workflows)
-        centres = {w: projected[labels == w].mean(axis=0) for w in sorted(set(workflows))}
-        centred = projected - np.stack([centres[w] for w in labels])
-        return cls(pca.mean_, pca.components_, centres, LedoitWolf().fit(centred).precision_)
-
-    def distance(self, features: np.ndarray, workflows: list[str]) -> np.ndarray:
-        projected = (features - self.mean) @ self.components.T
-        diff = projected - np.stack([self.centres[w] for w in workflows])
-        return np.sqrt(np.einsum("ij,jk,ik->i", diff, self.precision, diff))
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        out = {"mean": self.mean, "components": self.components, "precision": self.precision,
-               **{f"centre.{w}": c for w, c in self.centres.items()}}
-        return {f"density.{k}": torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float32) for k, v in out.items()}
-
-    @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "FeatureDensity":
-        get = {k[len("density."):]: v.double().numpy() for k, v in tensors.items() if k.startswith("density.")}
-        centres = {k[len("centre."):]: v for k, v in get.items() if k.startswith("centre.")}
-        return cls(get["mean"], get["components"], centres, get["precision"])
-
-
-@dataclass
-class Router:
-    """Where the training data ends (a feature density and its held-out tail), what the answers fall back to beyond
-    it, and a threshold on one score, chosen on held-out real inputs: past it, a human answers."""
-
-    density: FeatureDensity
-    priors: dict[str, dict[str, np.ndarray]]  # workflow -> question -> mean training gold: the far inputs' answer
-    reference: float = float("inf")  # distance of the farthest TAIL_SHARE of held-out real inputs
-    scale: float = 1.0  # their mean excess distance: the weight falls e-fold every ``scale`` past ``reference``
-    score: str = "confidence"
-    threshold: float = 0.0
-    rejection: float = TARGET_REJECTION  # the share of held-out real inputs the threshold sends to a human
-    fitted_on: dict = field(default_factory=dict)  # which held-out inputs set the tail and threshold, how many
-
-    def in_domain(self, distances: np.ndarray) -> np.ndarray:
-        """The weight the heads keep at these distances: 1 up to ``reference``, then exp(-excess / scale)."""
-        return np.exp(-np.maximum(np.asarray(distances, dtype=float) - self.reference, 0.0) / self.scale)
-
-    @torch.no_grad()
-    def scores(self, model, output, density: FeatureDensity | None = None) -> pd.DataFrame:
-        """Every anomaly score (and the per-question MSP) of the inputs of ``output`` (a ``DecisionOutput``: their
-        features and every trained question's logits), one row each; ``density`` replaces the router's (for a fold
-        of cross-fitting). ``model`` supplies the temperatures and the answers' arithmetic."""
-        density = self.density if density is None else density
-        distances = density.distance(output.features.cpu().double().numpy(), output.workflows)
-        weights = self.in_domain(distances)
-        frame = pd.DataFrame([output_scores(model, {q: v.cpu() for q, v in z.items()}, w, float(v), self.priors)
-                              for z, w, v in zip(output.per_case(), output.workflows, weights)])
-        frame["mahalanobis"], frame["in-domain"] = distances, weights
-        return frame
-
-    def verdict(self, scores: dict[str, float]) -> dict:
-        value = scores[self.score]
-        side = "below" if self.score in LOW_IS_ANOMALOUS else "above"
-        if anomalous(self.score, value, self.threshold):
-            reason = (f"{self.score} {value:.3g} is {side} the threshold {self.threshold:.3g} (set so that "
-                      f"{self.rejection:.0%} of held-out real inputs go to a human)")
-            return {"verdict": "human", "reason": reason}
-        return {"verdict": "answer", "reason": f"{self.score} {value:.3g} is not {side} the threshold "
-                                               f"{self.threshold:.3g}"}
-
-    def config(self) -> dict:
-        return {"score": self.score, "threshold": self.threshold, "rejection": self.rejection,
-                "reference": self.reference, "scale": self.scale, "fitted_on": self.fitted_on,
-                "priors": {w: {q: p.tolist() for q, p in qs.items()} for w, qs in self.priors.items()}}
-
-    @classmethod
-    def from_saved(cls, config: dict, tensors: dict[str, torch.Tensor]) -> "Router":
-        priors = {w: {q: np.asarray(p, dtype=float) for q, p in qs.items()} for w, qs in config["priors"].items()}
-        return cls(FeatureDensity.from_tensors(tensors), priors,
-                   **{k: v for k, v in config.items() if k != "priors"})
-
-
 def fit_router(model, train: Split, validation: Split, score: str = "confidence",
                rejection: float = TARGET_REJECTION, folds: int | None = None) -> Router:
     """Fit the feature density and the priors on ``train``; the tail and the threshold on held-out real inputs
@@ -259,7 +135,7 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
     held = [(model.split_output(validation), None)]  # each held-out set's output and the density it is far from
     if folds is None:
         folds = CROSS_FIT_FOLDS if model.structured is None else HYBRID_CROSS_FIT_FOLDS
-    cross_fitted = model.backbone.frozen and model.head_fit is not None and folds > 1
+    cross_fitted = model.backbone.frozen and model.head_recipe is not None and folds > 1
     if cross_fitted:
         held += list(_cross_fitted(model, train, train_x, folds))
     distances = np.concatenate([(density if d is None else d).distance(o.features.cpu().double().numpy(),
@@ -294,7 +170,7 @@ class AnomalyReport:
 
     frames: dict[str, pd.DataFrame]  # set name -> one row per input: id, kind, workflow, every score
     router: Router
-    in_domain: str  # the name of the in-domain set
+    real: str  # the name of the set of real (in-domain) inputs
 
     def all_scores(self) -> pd.DataFrame:
         return pd.concat([f.assign(set=name) for name, f in self.frames.items()], ignore_index=True)
@@ -304,7 +180,7 @@ class AnomalyReport:
         when 95% of in-domain inputs are answered) per score."""
         from sklearn.metrics import roc_auc_score
 
-        inside, outside = self.frames[self.in_domain], self.frames[other]
+        inside, outside = self.frames[self.real], self.frames[other]
         y = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
         rows = {}
         for s in SCORES:
@@ -329,18 +205,18 @@ class AnomalyReport:
         rows = {}
         for label, s in (("heads alone (raw confidence)", "raw confidence"), ("distance-aware (confidence)",
                                                                               "confidence")):
-            inside = self.frames[self.in_domain][s]
+            inside = self.frames[self.real][s]
             row = {f"{o} AUROC": self.separation(o).loc[s, "AUROC"] for o in others}
             row.update({f"{o} sent to a human": float((self.frames[o][s] < self.router.threshold).mean())
                         for o in others})
-            row[f"{self.in_domain} answered"] = float((inside >= self.router.threshold).mean())
+            row[f"{self.real} answered"] = float((inside >= self.router.threshold).mean())
             rows[label] = row
         return pd.DataFrame.from_dict(rows, orient="index")
 
     def rejection_interval(self, level: float = 0.9, draws: int = 2000, seed: int = 0) -> dict[str, float]:
         """The share of in-domain inputs the threshold sends to a human, and a bootstrap interval over those
         inputs: how far from the target it may land by the draw of the set alone."""
-        human = anomalous(self.router.score, self.frames[self.in_domain][self.router.score], self.router.threshold)
+        human = anomalous(self.router.score, self.frames[self.real][self.router.score], self.router.threshold)
         rng = np.random.default_rng(seed)
         shares = rng.choice(human, (draws, len(human))).mean(axis=1)
         lo, hi = np.quantile(shares, [(1 - level) / 2, (1 + level) / 2])
@@ -377,16 +253,16 @@ def in_domain_calibration(model, cases: Split) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")[["accuracy", "kl", "brier", "ece", "ece_confidence"]]
 
 
-def evaluate_scores(model, in_domain: Split, *others: Inputs) -> AnomalyReport:
-    """Score ``in_domain`` (a real split, e.g. test) and each set of ``others`` with ``model.router``."""
+def evaluate_scores(model, real: Split, *others: Inputs) -> AnomalyReport:
+    """Score ``real`` (a split of real inputs, e.g. test) and each set of ``others`` with ``model.router``."""
     if model.router is None:
         raise ValueError("the model has no router; call anomaly.fit_router(model, train, validation) first")
     frames = {}
-    for inputs in (Inputs.from_split(in_domain), *others):
+    for inputs in (Inputs.from_split(real), *others):
         frame = model.router.scores(model, model.split_output(inputs))
         frame.insert(0, "id", inputs.ids)
         frame.insert(1, "kind", inputs.kinds)
         frame.insert(2, "workflow", inputs.workflows)
         frames[inputs.name] = frame
-    return AnomalyReport(frames, model.router, in_domain.name)
+    return AnomalyReport(frames, model.router, real.name)
 

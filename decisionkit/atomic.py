@@ -1,5 +1,6 @@
 """Atomic writes: a file or a folder is written beside its place and renamed into it, so a reader (or a crash
-mid-write) never meets half of one. Every write of a model, a cache entry or a report goes through here.
+mid-write) never meets half of one. Models, cache entries and reports are written through here (onnxruntime writes
+an int8 graph itself, so ``onnx_runtime.quantize`` renames its scratch file into place the same way).
 
 - ``atomic_file(path)``: a context manager yielding a scratch path next to ``path``; write to it, and on a clean
   exit it replaces ``path``.

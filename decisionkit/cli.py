@@ -17,14 +17,18 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import __version__, settings
+from . import settings
+from ._version import __version__
 from .atomic import write_text
 from .backbone import BackboneError
 from .data import DataError, load_typed_decisions
-from .model import QuestionError, load
+from .model import load
+from .pipeline import run_report
+from .presets import PRESETS, preset
 from .probe import STEPS as PROBE_STEPS
-from .report import RunReport, run_report
-from .training import PRESETS, evaluate, preset
+from .report import RunReport
+from .systemone import QuestionError
+from .training import evaluate
 
 # what `train` can shrink in a preset, and how each option says it
 SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
@@ -37,7 +41,7 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def run_training(args) -> RunReport:
-    """The train / demo commands: ``report.run_report`` with the command's options, printed as it goes."""
+    """The train / demo commands: ``pipeline.run_report`` with the command's options, printed as it goes."""
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
     print(f"training preset {args.preset}{''.join(f', {k}={v}' for k, v in sizes.items())} into {args.out}")
     return run_report(preset(args.preset, **sizes), args.out, data_dir=args.data, zero_shot=args.zero_shot,

@@ -3,6 +3,10 @@
 Frozen features are what a heads-only decision model trains on, and what the pooling comparison probes.
 The cache key covers the backbone's weights, the rendered texts (so the rendering version), the truncation
 length and the layers, so a change to any of them extracts again instead of reusing stale vectors.
+
+A decision model reads one of these vectors (``FeatureSpec``: a pooling of a few layers, concatenated), standardized
+with its training features' statistics (``standardization``); ``split_pooled``, ``split_features`` and
+``split_output`` give a model's features and output for a whole split, from the cache when its backbone is frozen.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -24,14 +28,44 @@ from . import settings
 from .atomic import atomic_file
 from .backbone import Backbone
 from .data import RENDER_VERSION, Split
+from .heads import targets
 from .pooling import POOLINGS, last_token_index, pool_all
 
 DEFAULT_MAX_LENGTH = 512  # the longest typed-decisions state is about 490 tokens rendered as compact JSON
 
 
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Which pooled vector a decision model's heads read."""
+
+    pooling: str = "mean"  # mean pooling probed best on frozen SmolLM2 (notebook 01)
+    layers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # concatenated; fractions of the depth, or layer numbers
+    max_length: int = DEFAULT_MAX_LENGTH  # truncation; every typed-decisions state fits
+
+    def resolved(self, num_layers: int) -> "FeatureSpec":
+        """Layer fractions turned into layer numbers for a backbone of ``num_layers`` layers."""
+        layers = tuple(int(x) if isinstance(x, int) else max(1, round(x * num_layers)) for x in self.layers)
+        return replace(self, layers=layers)
+
+    def to_json(self) -> dict:
+        return {"pooling": self.pooling, "layers": list(self.layers), "max_length": self.max_length}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "FeatureSpec":
+        return cls(obj["pooling"], tuple(obj["layers"]), obj["max_length"])
+
+
 def default_layers(num_layers: int) -> tuple[int, ...]:
     """Quarter points of the stack, last layer included: (8, 15, 22, 30) for SmolLM2's 30 layers."""
     return tuple(sorted({max(1, round(num_layers * f)) for f in (0.25, 0.5, 0.75, 1.0)}))
+
+
+def standardization(x):
+    """Per-dimension mean and standard deviation (of the population; plus 1e-6, so that no dimension divides by 0)
+    of training features, a numpy array or a torch tensor (rows: cases). Hidden states have a few huge dimensions:
+    standardized, every dimension weighs alike for one learning rate and one L2 strength."""
+    std = x.std(axis=0) if isinstance(x, np.ndarray) else x.std(dim=0, unbiased=False)
+    return x.mean(0), std + 1e-6
 
 
 @dataclass
@@ -45,14 +79,15 @@ class Encoded:
 
 def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
              padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """Token ids and attention mask of ``texts``, truncated to ``max_length``, on the backbone's device."""
+    """Token ids and attention mask of ``texts`` (``input_ids``, ``attention_mask``: what the backbone reads),
+    truncated to ``max_length``, on the backbone's device."""
     tokenizer = backbone.tokenizer
     kept, tokenizer.padding_side = tokenizer.padding_side, padding_side
     try:
         batch = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = kept
-    return {k: v.to(backbone.device) for k, v in batch.items()}
+    return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
 
 
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -157,6 +192,35 @@ def extract_features(
         _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
                                     "seconds_per_case": repr(seconds)})
     return features
+
+
+def split_pooled(model, cases: Split) -> torch.Tensor:
+    """The pooled features of ``cases`` that a model with a frozen backbone reads, before their standardization:
+    read from (or written to) the on-disk cache, which holds the default layers too, so notebooks, probes and
+    training share one extraction."""
+    spec, backbone = model.spec, model.backbone
+    layers = sorted(set(default_layers(backbone.num_layers)) | set(spec.layers))
+    features = extract_features(backbone, cases, layers=layers, max_length=spec.max_length)
+    return torch.as_tensor(np.hstack([features.get(spec.pooling, layer) for layer in spec.layers]),
+                           device=backbone.device)
+
+
+def split_features(model, cases: Split) -> torch.Tensor:
+    """The standardized features of ``cases`` that ``model`` reads: from the cache when its backbone is frozen, else
+    one pass per case."""
+    if model.backbone.frozen:
+        return model.normalize(split_pooled(model, cases))
+    with torch.inference_mode():
+        return torch.cat([model.encode(model.tokenize([text])) for text in cases.texts])
+
+
+@torch.no_grad()
+def split_output(model, cases: Split, loss: bool = False):
+    """``model``'s output (``DecisionOutput``) over a whole split, its features from ``split_features``; with
+    ``loss=True``, the loss against the cases' gold."""
+    features = split_features(model, cases)
+    return model.read(features, cases.case_workflows, targets(cases, device=features.device) if loss else None,
+                      states=cases.states)
 
 
 def _load(path: Path) -> Features:

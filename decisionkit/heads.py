@@ -3,7 +3,7 @@
 A head's output size is its question's option count; a softmax over it is the answer distribution. Heads are
 keyed by ``workflow/question`` so one model can serve several workflows, each asking its own questions.
 Here: the heads, how a batch of mixed workflows is grouped for them (``group_rows``), the gold aligned the same
-way (``targets``) and the loss. Fitting them (stage 1) and fine-tuning under them (stage 2) is ``training.py``.
+way (``targets``) and the loss. Fitting them is ``fitting.py`` (stage 1); fine-tuning under them, ``finetune.py``.
 """
 
 from __future__ import annotations

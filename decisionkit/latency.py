@@ -35,8 +35,11 @@ import torch
 from torch import nn
 
 from .environment import environment
-from .features import tokenize
-from .precision import Precision
+from .features import standardization, tokenize
+from .fitting import refit_heads
+from .heads import HeadSet
+from .metrics import score
+from .precision import Precision, matmul_times
 
 PERCENTILES = (50, 95, 99)
 
@@ -118,17 +121,16 @@ def decision_timings(model, cases, warmup: int = 2) -> LatencyResult:
     device = model.backbone.device
     texts, workflows, states = cases.texts, cases.case_workflows, cases.states
 
-    def whole(i: int) -> None:
-        model.readout(model([texts[i]], [workflows[i]], states=[states[i]]))
+    def forward(batch: dict, i: int) -> None:
+        model.readout(model(**batch, workflows=[workflows[i]], states=[states[i]]))
 
-    batches = [tokenize(model.backbone, [t], model.spec.max_length) for t in texts]
+    batches = [model.tokenize([t]) for t in texts]
     index = list(range(len(texts)))
     return LatencyResult([
-        time_calls("tokenize", lambda i: tokenize(model.backbone, [texts[i]], model.spec.max_length), index, warmup,
+        time_calls("tokenize", lambda i: model.tokenize([texts[i]]), index, warmup, device),
+        time_calls("forward + heads", lambda i: forward(batches[i], i), index, warmup, device),
+        time_calls("tokenize + forward + heads", lambda i: forward(model.tokenize([texts[i]]), i), index, warmup,
                    device),
-        time_calls("forward + heads", lambda i: model.readout(model.read(model.encode(batches[i]), [workflows[i]],
-                                                                         states=[states[i]])), index, warmup, device),
-        time_calls("tokenize + forward + heads", whole, index, warmup, device),
     ])
 
 
@@ -183,7 +185,7 @@ def head_scaling(model, text: str, counts=(1, 2, 4, 8, 16, 32, 64), options: int
     The heads are synthetic (random, ``options`` outputs each): their cost depends on their shape, not their
     training. Returns the scaling and the median milliseconds of the encoding itself."""
     device = model.backbone.device
-    batch = tokenize(model.backbone, [text], model.spec.max_length)
+    batch = model.tokenize([text])
     encode_ms = _median_ms(lambda: model.encode(batch), max(3, repeats // 40), device)
     features = model.encode(batch)
     heads = [nn.Linear(features.shape[-1], options).to(device) for _ in range(max(counts))]
@@ -294,15 +296,9 @@ SPEED_VARIANTS = {
 
 def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
     """This CPU's peak GFLOP/s for one ``size`` x ``size`` matrix product in ``dtype`` (float32 or bfloat16): the
-    fastest of ``repeats`` timed products after a warm-up, so a floor computed from it is a floor."""
-    a, b = torch.randn(size, size).to(getattr(torch, dtype)), torch.randn(size, size).to(getattr(torch, dtype))
-    a @ b
-    fastest = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        fastest = min(fastest, time.perf_counter() - start)
-    return 2 * size ** 3 / fastest / 1e9
+    fastest of ``repeats`` timed products after a warm-up (``precision.matmul_times``), so a floor computed from it
+    is a floor."""
+    return 2 * size ** 3 / min(matmul_times(getattr(torch, dtype), size, repeats)) / 1e9
 
 
 def forward_flops(backbone, tokens: int) -> float:
@@ -327,8 +323,7 @@ def _batches(model, texts: Sequence[str], size: int) -> tuple[list[dict], list[i
     """Tokenized batches of ``size`` texts of similar length (as ``decide_many`` makes them) and the row order."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     groups = [order[i:i + size] for i in range(0, len(order), size)]
-    return [tokenize(model.backbone, [texts[i] for i in g], model.spec.max_length) for g in groups], \
-        [i for g in groups for i in g]
+    return [model.tokenize([texts[i] for i in g]) for g in groups], [i for g in groups for i in g]
 
 
 @torch.inference_mode()
@@ -339,10 +334,6 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
     them), the speed-up over float32 at batch 1 and the arithmetic floor: the forward pass's FLOPs at the median
     case length over this CPU's measured matmul rate in that dtype. ``encoder_model`` (a model on another backbone,
     e.g. MiniLM) adds one row with its own heads. A speed-up counts only if accuracy stays within 0.01 of float32."""
-    from .heads import HeadSet
-    from .metrics import score
-    from .training import HeadFit, refit_heads
-
     texts = cases.texts
 
     def median_tokens(m) -> float:
@@ -360,22 +351,20 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
         batches, order = _batches(base, texts, variant.batch_size)
         for batch in batches[:warmup]:
             encode(batch)
-        raw, ms = _features(encode, batches)
-        raw = raw[np.argsort(order)]  # back to case order
+        pooled, ms = _features(encode, batches)
+        pooled = pooled[np.argsort(order)]  # back to case order
         heads, mean, std = base.heads, base.feature_mean, base.feature_std
         if variant.refit:
-            if train is None or base.head_fit is None:
+            if train is None or base.head_recipe is None:
                 raise ValueError(f"{name} changes the features: pass the train split (and a model whose heads were "
                                  f"fitted in stage 1) to re-fit its heads")
             train_batches, train_order = _batches(base, train.texts, 16)
-            train_raw = _features(encode, train_batches)[0][np.argsort(train_order)]
-            mean, std = train_raw.mean(0), train_raw.std(0, unbiased=False) + 1e-6
+            train_pooled = _features(encode, train_batches)[0][np.argsort(train_order)]
+            mean, std = standardization(train_pooled)
             with torch.inference_mode(False), torch.enable_grad():  # a short full-batch fit, outside inference mode
-                heads = HeadSet(base.schema, raw.shape[1])
-                refit_heads(heads, train, ((train_raw - mean) / std).clone(),
-                            HeadFit([], float("nan"), base.head_fit["l2"], base.head_fit["steps"]),
-                            base.head_fit["lr"], base.head_fit["ordinal"])
-        overall = score(cases, *base.readout(base.read((raw - mean) / std, cases.case_workflows, heads=heads,
+                heads = HeadSet(base.schema, pooled.shape[1])
+                refit_heads(heads, train, ((train_pooled - mean) / std).clone(), base.head_recipe)
+        overall = score(cases, *base.readout(base.read((pooled - mean) / std, cases.case_workflows, heads=heads,
                                                        states=cases.states))).overall()
         per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
         length = tokens if base is model else median_tokens(base)

@@ -17,7 +17,6 @@ import pandas as pd
 import torch
 
 from .data import render_state
-from .features import tokenize
 from .precision import ANSWER_TOLERANCE, Precision, kernels
 from .systemone import check, disagreements
 
@@ -64,12 +63,12 @@ def batch_agreement(model, requests: Sequence[dict], batch_size: int = 16,
             batched = model.decide_many(requests, batch_size=batch_size)
             texts = [render_state(r["state"], check(model.schema, r.get("questions"), r.get("workflow"))[0])
                      for r in requests]
-            one = torch.cat([model.encode(tokenize(model.backbone, [t], model.spec.max_length)) for t in texts])
+            one = torch.cat([model.encode(model.tokenize([t])) for t in texts])
             order = np.argsort([len(t) for t in texts], kind="stable")  # as decide_many forms its batches
             many = torch.empty_like(one)
             for lo in range(0, len(texts), batch_size):
                 batch = order[lo:lo + batch_size]
-                many[batch] = model.encode(tokenize(model.backbone, [texts[i] for i in batch], model.spec.max_length))
+                many[batch] = model.encode(model.tokenize([texts[i] for i in batch]))
             tolerance = ANSWER_TOLERANCE[dtype]
             rows.append({"dtype": dtype, "requests": len(requests), "batch size": batch_size,
                          "max answer gap": max(_gap(a, b) for a, b in zip(alone, batched)),

@@ -4,7 +4,7 @@
 graph (``torch.onnx.export``, dynamo, dynamic batch and length), about a minute for SmolLM2-135M, cached under
 ``DECISIONKIT_CACHE/onnx`` by the weights' checksum and the feature settings. ``quantize(path)`` writes its int8
 version (onnxruntime's dynamic quantization: int8 weights, activations quantized per call). ``OnnxEncoder(path)``
-answers like ``DecisionModel.encode`` before the standardization: one pooled vector per row of a tokenized batch.
+answers like ``DecisionModel.pooled``: one pooled vector per row of a tokenized batch, before the standardization.
 The heads stay in torch; an int8 graph changes the features, so heads for it are re-fitted on its own features
 (``latency.speed_table``).
 """
@@ -21,14 +21,15 @@ from torch import nn
 
 from . import settings
 from .atomic import atomic_folder
-from .features import tokenize
-from .pooling import pool_unchecked
+from .pooling import pool_layers
 
 EXPORT_OPSET = 18  # what torch.onnx's dynamo exporter writes by default in torch 2.13
 
 
 class PooledBackbone(nn.Module):
-    """The backbone, run in float32, and the model's pooling of its feature layers, concatenated: what is exported."""
+    """The backbone, run in float32, and the model's pooling of its feature layers, concatenated: what is exported.
+    Not the model itself: its forward pass routes rows to heads by workflow name and checks the attention mask's
+    values, which a traced graph cannot hold."""
 
     def __init__(self, model):
         super().__init__()
@@ -36,8 +37,7 @@ class PooledBackbone(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
-        return torch.cat([pool_unchecked(hidden[layer], attention_mask, self.spec.pooling)
-                          for layer in self.spec.layers], dim=-1)
+        return pool_layers(hidden, attention_mask, self.spec.pooling, self.spec.layers, checked=False)
 
 
 def export(model, folder: str | Path | None = None) -> Path:
@@ -47,7 +47,7 @@ def export(model, folder: str | Path | None = None) -> Path:
     path = folder / "pooled.onnx"
     if path.is_file():
         return path
-    example = tokenize(model.backbone, ["workflow: example\nstate"], model.spec.max_length)
+    example = model.tokenize(["workflow: example\nstate"])
     batch, length = torch.export.Dim("batch", max=256), torch.export.Dim("length", max=model.spec.max_length)
     with atomic_folder(folder) as scratch, torch.no_grad():  # written whole, then renamed: no half export is read
         torch.onnx.export(PooledBackbone(model).eval(), (example["input_ids"], example["attention_mask"]),

@@ -17,6 +17,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from .answer_fields import answer_probabilities
+
 TEMPLATE = "plotly_white"
 PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")  # plotly's default order
 STATIC_FORMAT = "png"  # shown by GitHub, nbviewer and nbconvert alike; an SVG of a 1,000-point scatter is megabytes
@@ -199,7 +201,7 @@ def answer_bars(answers: dict) -> go.Figure:
 
     fig = make_subplots(rows=len(answers), cols=1, subplot_titles=list(answers), vertical_spacing=0.08)
     for row, (qid, a) in enumerate(answers.items(), 1):
-        table = a.get("probabilities") or {"false": 1 - a["noul"], "true": a["noul"]}
+        table = answer_probabilities(a)
         fig.add_bar(x=list(table.values()), y=list(table), orientation="h", name=qid, showlegend=False,
                     text=[f"{p:.1%}" for p in table.values()], row=row, col=1)
         fig.update_xaxes(range=[0, 1], row=row, col=1)

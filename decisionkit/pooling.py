@@ -41,6 +41,14 @@ def pool_unchecked(hidden: torch.Tensor, attention_mask: torch.Tensor, method: s
     return hidden.masked_fill(mask == 0, torch.finfo(hidden.dtype).min).amax(dim=1)
 
 
+def pool_layers(hidden: tuple[torch.Tensor, ...], attention_mask: torch.Tensor, method: str, layers,
+                checked: bool = True) -> torch.Tensor:
+    """``pool`` of each of ``layers`` of ``hidden`` (every layer's hidden states), concatenated: the vector a decision
+    model's heads read. ``checked=False``: ``pool_unchecked`` (for a graph export)."""
+    pooled = pool if checked else pool_unchecked
+    return torch.cat([pooled(hidden[layer], attention_mask, method) for layer in layers], dim=-1)
+
+
 def pool_all(hidden: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every pooling of one forward pass, keyed by name."""
     return {method: pool(hidden, attention_mask, method) for method in POOLINGS}

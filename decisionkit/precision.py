@@ -1,8 +1,8 @@
 """The compute dtype, chosen at run time: bfloat16 autocast where this machine runs it faster, else float32.
 
-Machines of one kind differ. One CPU had AVX2 only, and bfloat16 ran 3-5x *slower* than float32 there; another
-had ``avx512_bf16``, and a SmolLM2 forward ran 2.2x faster under bfloat16 autocast with the same pooled features.
-So nothing is assumed: ``choose(device)`` asks torch whether the CPU has bfloat16 instructions and, if so, times
+Machines of one kind differ: on a CPU with AVX2 only, bfloat16 ran several times *slower* than float32; on one with
+``avx512_bf16``, a SmolLM2 forward ran about twice as fast under bfloat16 autocast with the same pooled features
+(measured in ``../shared/notes/cpu-facts.md``). So nothing is assumed: ``choose(device)`` asks torch whether the CPU has bfloat16 instructions and, if so, times
 one small matrix product in both dtypes (about 0.1 s, once per process). ``DECISIONKIT_DTYPE`` (``float32``,
 ``bfloat16`` or ``auto``) overrides the choice. Every timing and training record carries ``Precision.describe()``.
 
@@ -12,10 +12,10 @@ model trained under one dtype loads and answers under the other.
 What each dtype guarantees (``ANSWER_TOLERANCE``): the same state answered alone (``decide``), in a batch
 (``decide_many``) or through the server (which batches) gives every probability, ``confidence`` and ``noul`` within
 1e-5 in float32, and within 0.02 in bfloat16. The kernels a CPU picks for a bfloat16 matrix product depend on its
-shape, so a state's features move with the batch it is padded into (on Intel AMX by up to 0.2 standard deviations;
-answers moved by up to 1.9e-3). A ``choice`` or ``score`` can change only where its top two options lie within twice
-the tolerance. ``systemone.disagreements`` checks two answers against it; ``benchmarks/numerics.py`` measures it on
-the machine it runs on.
+shape, so a state's features move with the batch it is padded into (most on Intel AMX: issue 21;
+``benchmarks/results/numerics_*.json`` for the CPUs measured since). A ``choice`` or ``score`` can change only where
+its top two options lie within twice the tolerance. ``systemone.disagreements`` checks two answers against it;
+``benchmarks/numerics.py`` measures it on the machine it runs on.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def kernels() -> dict:
             "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")}
 
 
-def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> float:
-    """Median seconds of one ``size`` x ``size`` matrix product in ``dtype`` on the CPU (after a warm-up)."""
+def matmul_times(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> list[float]:
+    """Seconds of each of ``repeats`` products of two ``size`` x ``size`` matrices in ``dtype`` on the CPU, after a
+    warm-up product."""
     generator = torch.Generator().manual_seed(0)  # a probe must not move the global random state
     a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
     a @ b
@@ -80,7 +81,13 @@ def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5)
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return times
+
+
+def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> float:
+    """Median seconds of one ``size`` x ``size`` matrix product in ``dtype`` (``matmul_times``)."""
+    times = sorted(matmul_times(dtype, size, repeats))
+    return times[len(times) // 2]
 
 
 @functools.lru_cache(maxsize=None)

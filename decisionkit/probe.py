@@ -1,8 +1,9 @@
 """Linear probes on frozen features: how much of each answer a pooled vector already carries.
 
 A probe is the decision model's own heads (one linear softmax layer per workflow and question, soft-gold
-cross-entropy) trained on fixed features, standardized with train statistics. The L2 strength is picked on the
-validation split only, as the heads-only training mode does.
+cross-entropy) trained on fixed features, standardized with train statistics (``fitting.fit_heads``). The L2
+strength and the step are picked on the held-out cases the probe is scored on (the validation split here; training
+picks them on a dev slice of train instead), so a probe's score is a comparison between settings, not a test score.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import pandas as pd
 import torch
 
 from .data import Split
-from .features import Features, extract_features
+from .features import Features, extract_features, standardization
+from .fitting import fit_heads
 from .heads import HeadSet, calibrated, group_rows
 from .metrics import Scores, score
 from .model import DecisionOutput
-from .training import fit_heads
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
 STEPS = 400  # full-batch steps per L2 strength, as training's stage 1
@@ -44,7 +45,7 @@ class ProbeResult:
 def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validation: Split, name: str = "probe",
                  l2_grid=L2_GRID, steps: int = STEPS) -> ProbeResult:
     """Fit soft-label linear heads on ``train`` features and score them on ``validation`` (picking L2 there)."""
-    mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-6
+    mean, std = standardization(train_x)
     tx = torch.as_tensor((train_x - mean) / std, dtype=torch.float32)
     vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
     heads = HeadSet(train.schema(), tx.shape[1])
@@ -53,7 +54,7 @@ def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validatio
     with torch.no_grad():
         output = DecisionOutput(vx, validation.case_workflows, heads.read(vx, rows), rows)
     probabilities = [{qid: calibrated(z).double().numpy() for qid, z in logits.items()} for logits in output.per_case()]
-    return ProbeResult(name, fit.l2, score(validation, probabilities), pd.DataFrame(fit.history))
+    return ProbeResult(name, fit.recipe.l2, score(validation, probabilities), pd.DataFrame(fit.history))
 
 
 @dataclass
@@ -131,8 +132,8 @@ def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 1
                    l2_grid=L2_GRID, steps: int = STEPS) -> LearningCurve:
     """Heads on a frozen model's features (cached) of the first ``n`` train cases of each workflow (None: all),
     each scored on ``held_out``: how fast accuracy still grows with data tells whether data or capacity limits."""
-    train_x = model.raw_split_features(train).cpu().numpy()
-    held_x = model.raw_split_features(held_out).cpu().numpy()
+    train_x = model.split_pooled(train).cpu().numpy()
+    held_x = model.split_pooled(held_out).cpu().numpy()
     rows = []
     for n in per_workflow:
         subset = train if n is None else train.head(n)

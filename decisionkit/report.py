@@ -1,4 +1,5 @@
-"""Run reports: every metric of a trained model as JSON, a readable Markdown page, and a short report card."""
+"""Run reports: every metric of a trained model as JSON, a readable Markdown page, and a short report card; saved
+runs side by side with the quoted references. ``pipeline.run_report`` makes one, end to end."""
 
 from __future__ import annotations
 
@@ -6,20 +7,13 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .atomic import write_text
 from .environment import environment
 from .metrics import Scores
-
-if TYPE_CHECKING:
-    from .training import Preset
-
-DECISIONS_FILE = "decisions.csv"
-HISTORY_FILE = "history.json"  # written by training.train beside the model
-REPORT_FILE = "report.json"  # every metric of a run report; written last, so its presence means "complete"
+from .saving import DECISIONS_FILE, HISTORY_FILE, REPORT_FILE, REPORT_PAGE
 
 # Quoted from the course's reference run and the benchmark's leaderboard, never recomputed here.
 REFERENCES = pd.DataFrame([
@@ -112,12 +106,12 @@ class RunReport:
                 **{f"baselines/{k}": v for k, v in self.baselines.items()}}
         rows = pd.concat([s.decisions.assign(set=name) for name, s in sets.items()], ignore_index=True)
         write_text(Path(folder) / DECISIONS_FILE, rows.to_csv(index=False))
-        write_text(Path(folder) / "report.md", self.markdown())
+        write_text(Path(folder) / REPORT_PAGE, self.markdown())
         write_text(Path(folder) / REPORT_FILE, json.dumps(self.to_json(), indent=2, default=str))
 
     @classmethod
     def load(cls, folder: str | Path) -> "RunReport":
-        """The report a run saved (``run_report`` / ``decisionkit train`` / ``benchmarks/train_preset.py``)."""
+        """The report a run saved (``pipeline.run_report`` / ``decisionkit train`` / ``benchmarks/train_preset.py``)."""
         folder = Path(folder)
         saved = json.loads((folder / REPORT_FILE).read_text())
         rows = pd.read_csv(folder / DECISIONS_FILE)
@@ -170,69 +164,3 @@ def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None =
     rows.update({f"{name} (measured)": s.overall() for name, s in (measured or {}).items()})
     quoted = REFERENCES.rename(index=lambda name: f"{name} (quoted)")
     return pd.concat([pd.DataFrame.from_dict(rows, orient="index").reindex(columns=COMPARISON_COLUMNS), quoted])
-
-
-def run_report(preset_name: "str | Preset", out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
-               progress: bool = True, reuse: bool = False, route: bool = True) -> "RunReport":
-    """A run, end to end: train preset ``preset_name`` into ``out``, calibrate on validation (probabilities to the soft
-    gold, confidence to the answer), fit the router (typed-decisions), score validation and test as the saved model
-    answers them (distance-aware with a router; the heads alone are in the calibration table), and
-    zero-shot on ``zero_shot`` validation cases per workflow), save the model and its report. With ``reuse``, a
-    folder that already holds a report is read instead of trained again (notebooks show saved full runs);
-    ``route=False`` skips the routing threshold (a pass over every train case for a fine-tuned model)."""
-    from .calibration import calibrate
-    from .metrics import score
-    from .model import load
-    from .training import held_out_test, part_scores, preset, train, training_pool, training_splits
-
-    if reuse and (Path(out) / REPORT_FILE).is_file():
-        return RunReport.load(out)
-    p = preset(preset_name) if isinstance(preset_name, str) else preset_name
-    result = train(p, out, data_dir=data_dir, resume=resume, progress=progress)
-    model = load(out)
-    # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
-    # the test cases it is scored on (a sample for quick presets)
-    splits = {"train": training_pool(p, data_dir), "validation": training_splits(p, data_dir)[2],
-              "test": held_out_test(p, data_dir)}
-    calibration = calibrate(model, splits["validation"], splits["test"])
-    scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
-    routing = {}
-    if route and p.dataset == "typed-decisions":
-        from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
-
-        router = fit_router(model, splits["train"], splits["validation"])
-        off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
-        sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
-            lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
-        routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
-                   "fitted on": router.fitted_on, "reference distance": router.reference,
-                   "distance scale": router.scale, **{f"{name} sent to a human": share for name, share in sent.items()}}
-        # What the saved model answers now: distance-aware (the heads alone stay in the calibration table).
-        scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
-    model.save(out)
-    baselines = {}
-    if model.structured is not None:  # the hybrid's parts apart, on the same test cases
-        baselines.update({f"{part} ({len(splits['test'])} test cases)": s
-                          for part, s in part_scores(model, splits["test"]).items()})
-    if zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
-        from .zeroshot import zero_shot_predictions
-
-        sample = splits["validation"].head(zero_shot)
-        baselines[f"zero-shot ({len(sample)} validation cases)"] = score(
-            sample, zero_shot_predictions(model.backbone, sample, progress=progress))
-    backbone = model.backbone
-    report = RunReport(
-        backbone={"name": model.config()["backbone"]["name"], "source": backbone.resolved.source,
-                  "weights_sha256": model.config()["backbone"]["weights_sha256"], "kind": backbone.kind},
-        data_source=splits["test"].source,
-        training={"preset": p.name, "mode": p.mode, "seconds": result.seconds,
-                  "peak_memory_gb": result.peak_memory_gb, "best_val_loss": result.best_val_loss, **result.extra},
-        scores=scores, baselines=baselines,
-        history=result.history,
-        calibration={"temperatures": calibration.temperatures,
-                     "confidence_temperatures": calibration.confidence_temperatures,
-                     "table": {f"{split}/{stage}": row for (split, stage), row in
-                               calibration.table().to_dict(orient="index").items()}},
-        routing=routing)
-    report.save(out)
-    return report

@@ -15,8 +15,10 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import settings
-from .report import HISTORY_FILE, REPORT_FILE, run_report
-from .training import preset, train
+from .pipeline import run_report
+from .presets import preset
+from .saving import HISTORY_FILE, REPORT_FILE
+from .training import train
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -39,7 +41,7 @@ def run_key(preset_json: dict, routed: bool) -> str:
 def shared_run(preset_name: str, routed: bool = False, **overrides) -> Path:
     """The folder of preset ``preset_name`` (with ``overrides``) trained once under ``$DECISIONKIT_CACHE/runs``:
     trained by the first process that asks, reused by the rest. ``routed``: calibrated, router fitted and scored by
-    ``report.run_report`` (its ``report.json`` is there too)."""
+    ``pipeline.run_report`` (its ``report.json`` is there too)."""
     p = preset(preset_name, **overrides)
     out = settings.cache_dir() / "runs" / f"{p.name}-{'routed-' if routed else ''}{run_key(p.to_json(), routed)}"
     done = out / (REPORT_FILE if routed else HISTORY_FILE)  # written last, once the run is complete

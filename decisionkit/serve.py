@@ -37,7 +37,8 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
 from . import systemone
-from .model import CONFIG_FILE, load
+from .model import load
+from .saving import CONFIG_FILE
 from .serve_protocol import json_errors_protocol
 from .systemone import ModelMetadata, ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
 

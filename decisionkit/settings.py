@@ -32,11 +32,16 @@ def data_dir() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
+def flag(name: str) -> bool:
+    """True when the environment variable ``name`` is set to a true value (1, true, yes; any case)."""
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
+
+
 def quick_mode() -> bool:
-    """True when ``DECISIONKIT_QUICK`` is set to a true value (1, true, yes)."""
-    return os.environ.get(QUICK_ENV, "").strip().lower() in {"1", "true", "yes"}
+    """True when ``DECISIONKIT_QUICK`` is set to a true value."""
+    return flag(QUICK_ENV)
 
 
 def progress_hidden() -> bool:
     """True when ``TQDM_DISABLE`` is set to a true value: every decisionkit progress bar stays hidden."""
-    return os.environ.get("TQDM_DISABLE", "").strip().lower() in {"1", "true", "yes"}
+    return flag("TQDM_DISABLE")

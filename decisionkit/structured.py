@@ -241,8 +241,8 @@ class Trees:
                    np.where(leaf, 0, all_nodes["right"] + offsets).astype(np.int64), leaf,
                    all_nodes["value"].astype(float), depth, classes if binary else None)
 
-    def raw(self, x: np.ndarray) -> np.ndarray:
-        """Summed leaf values plus the baseline, per case and output."""
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Summed leaf values plus the baseline, per case and output: the logits the probabilities come from."""
         out = np.tile(self.baseline, (len(x), 1))
         if not self.roots.size:
             return out
@@ -262,13 +262,13 @@ class Trees:
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """Answer distributions (cases x options)."""
-        raw = self.raw(x)
+        logits = self.logits(x)
         if self.binary_classes is not None:
-            p = 1 / (1 + np.exp(-raw[:, 0]))
+            p = 1 / (1 + np.exp(-logits[:, 0]))
             out = np.zeros((len(x), self.options))
             out[:, self.binary_classes[0]], out[:, self.binary_classes[1]] = 1 - p, p
             return out
-        z = raw - raw.max(axis=1, keepdims=True)
+        z = logits - logits.max(axis=1, keepdims=True)
         e = np.exp(z)
         return e / e.sum(axis=1, keepdims=True)
 

@@ -37,6 +37,7 @@ from typing import Annotated, Any, Literal, Mapping, Sequence
 import numpy as np
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
 
+from .answer_fields import answer_confidence
 from .data import DataError, Question, render_state
 
 MAX_STATE_DEPTH = 64  # typed-decisions states nest about 5 deep; far deeper is a mistake or an attack
@@ -328,10 +329,8 @@ def answer_table(answers: Mapping[str, dict]):
     P(true)) and the confidence (a yes/no answer carries none: its top probability stands in)."""
     import pandas as pd
 
-    rows = {}
-    for qid, a in answers.items():
-        top = a.get("confidence", max(a["noul"], 1 - a["noul"]) if a["type"] == "noul" else None)
-        rows[qid] = {"type": a["type"], "answer": a.get("choice", a.get("score", a.get("noul"))), "confidence": top}
+    rows = {qid: {"type": a["type"], "answer": a.get("choice", a.get("score", a.get("noul"))),
+                  "confidence": answer_confidence(a)} for qid, a in answers.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
 
 

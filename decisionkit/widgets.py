@@ -20,7 +20,7 @@ from typing import Any
 import ipywidgets as w
 
 from . import plots
-from .anomaly import lowest_confidence
+from .answer_fields import answer_probabilities, lowest_confidence
 from .plots import answer_bars
 
 
@@ -110,7 +110,7 @@ class DecisionPanel:
             bars = "".join(
                 f"<tr><td>{html.escape(qid)}</td><td>{html.escape(option)}</td><td>{p:.1%}</td></tr>"
                 for qid, a in self.result["answers"].items()
-                for option, p in (a.get("probabilities") or {"false": 1 - a["noul"], "true": a["noul"]}).items())
+                for option, p in answer_probabilities(a).items())
             bars = f"<table><tr><th>question</th><th>answer</th><th>probability</th></tr>{bars}</table>"
         bundle["text/html"] = f"<div class='decisionkit-panel'><p>{self.verdict.value}</p>{bars}</div>"
         return bundle

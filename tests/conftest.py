@@ -56,7 +56,7 @@ def quick_model(splits):
     path = shared_run("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
                       features=FeatureSpec(max_length=128), structured=True)
     model = load(path)
-    assert model.head_fit["steps"] > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
+    assert model.head_recipe.steps > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
     validation = splits["validation"].head(10)
     accuracy = score(validation, *model.outputs(validation, raw=True)).overall()["accuracy"]
     uniform = score(validation, uniform_predictions(validation)).overall()["accuracy"]

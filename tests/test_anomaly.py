@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,12 +15,12 @@ from decisionkit.anomaly import (
     evaluate_scores,
     fit_router,
     load_inputs,
-    lowest_confidence,
 )
+from decisionkit.answer_fields import lowest_confidence
 from decisionkit.data import DataError
+from decisionkit.fitting import cross_fit
 from decisionkit.heads import targets
 from decisionkit.metrics import gold_priors
-from decisionkit.training import cross_fit
 
 POEM = "autumn wind through golden leaves under the moon"
 
@@ -101,7 +102,7 @@ def test_the_default_router_also_holds_out_every_train_case(routed):
 
 def test_cross_fitted_models_never_saw_the_cases_they_score(quick_model, splits):
     model = decisionkit.load(quick_model[0])
-    model.head_fit = {**model.head_fit, "steps": 60}  # enough steps to fit the other folds closely
+    model.head_recipe = replace(model.head_recipe, steps=60)  # enough steps to fit the other folds closely
     train = splits["train"].head(10)
     x = model.split_features(train)
     folds = list(cross_fit(model, train, x, folds=4, structured=True))  # the hybrid's trees are re-fitted too
@@ -125,7 +126,7 @@ def torch_equal(a, b) -> bool:
 
 def test_answers_lose_weight_with_distance(routed, splits):
     model, router, _ = routed
-    assert router.in_domain([router.reference - 1, router.reference, router.reference + router.scale]) == \
+    assert router.weight([router.reference - 1, router.reference, router.reference + router.scale]) == \
         pytest.approx([1.0, 1.0, np.exp(-1)])
     inside = [(c, r) for c in splits["validation"].head(2)
               if (r := model.route(c.state, workflow=c.workflow))["scores"]["in-domain"] == 1.0]
@@ -221,7 +222,7 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
                  ["poem", "code", "empty"])
     in_domain = splits["test"].head(2)
     report = evaluate_scores(model, in_domain, off)
-    inside, outside = report.frames[report.in_domain], report.frames["off"]
+    inside, outside = report.frames[report.real], report.frames["off"]
     assert inside["id"].tolist() == in_domain.ids and outside["id"].tolist() == ["p", "q", "r"]
     table = report.separation("off")
     assert list(table.index) == list(SCORES)
@@ -233,12 +234,12 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
         assert table.loc[s, "FPR at 95% TPR"] == pytest.approx((b <= np.quantile(a, 0.95)).mean()), s
     routed_table = report.routed()
     assert routed_table["inputs"].to_dict() == {("off", "code"): 1, ("off", "empty"): 1, ("off", "poem"): 1,
-                                                (report.in_domain, "in-domain"): 8}
+                                                (report.real, "in-domain"): 8}
     human = lambda frame: (frame["confidence"] < report.router.threshold).mean()  # noqa: E731
-    assert routed_table.loc[(report.in_domain, "in-domain"), "sent to a human"] == pytest.approx(human(inside))
+    assert routed_table.loc[(report.real, "in-domain"), "sent to a human"] == pytest.approx(human(inside))
     assert routed_table.loc[("off", "poem"), "sent to a human"] == human(outside[outside["kind"] == "poem"])
     figure = report.figure()
-    assert len(figure.data) == 2 and [t.name for t in figure.data] == [report.in_domain, "off"]
+    assert len(figure.data) == 2 and [t.name for t in figure.data] == [report.real, "off"]
 
 
 def test_lowest_confidence_reads_the_confidence_fields():

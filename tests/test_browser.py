@@ -21,7 +21,8 @@ import nbformat
 import pytest
 
 import decisionkit
-from decisionkit.anomaly import fit_router, lowest_confidence
+from decisionkit.anomaly import fit_router
+from decisionkit.answer_fields import lowest_confidence
 from decisionkit.serve_lab import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; playwright's own browser downloads are refused here

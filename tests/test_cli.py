@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from decisionkit import training
+from decisionkit import presets
 from decisionkit.cli import main
 from decisionkit.model import FeatureSpec
 from decisionkit.report import RunReport
@@ -11,9 +11,9 @@ from decisionkit.report import RunReport
 @pytest.fixture
 def tiny_demo_preset(monkeypatch):
     """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
-    tiny = training.preset("cpu-best", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
+    tiny = presets.preset("cpu-best", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
                            features=FeatureSpec(max_length=48))
-    monkeypatch.setitem(training.PRESETS, "cpu-best", tiny)
+    monkeypatch.setitem(presets.PRESETS, "cpu-best", tiny)
 
 
 def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, tiny_demo_preset):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from decisionkit.fitting import fit_heads, refit_heads
 from decisionkit.heads import (
     HeadSet,
     calibrated,
@@ -14,7 +15,6 @@ from decisionkit.heads import (
     targets,
     weight_norm,
 )
-from decisionkit.training import fit_heads, refit_heads
 
 
 def one_hot(level: int, levels: int = 4) -> torch.Tensor:
@@ -55,9 +55,9 @@ def test_fit_picks_on_held_out_cases_and_refit_repeats_the_choice(splits):
     heads = HeadSet(train.schema(), 16)
     fit = fit_heads(heads, train, held, tx, hx, l2_grid=(1e-2,), steps=30, progress=False)
     uniform = sum(math.log(len(q.options)) for q in held[0].questions.values()) / 5
-    assert fit.best_val_loss <= uniform + 1e-6 and fit.step % 10 == 0
+    assert fit.best_val_loss <= uniform + 1e-6 and fit.recipe.steps % 10 == 0
     chosen = {k: v.clone() for k, v in heads.state_dict().items()}
-    refit_heads(heads, train, tx, fit)  # same cases, same L2 and steps: the same heads again
+    refit_heads(heads, train, tx, fit.recipe)  # same cases, same L2 and steps: the same heads again
     assert all(torch.allclose(chosen[k], v, atol=1e-6) for k, v in heads.state_dict().items())
 
 

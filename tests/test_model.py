@@ -7,8 +7,10 @@ import torch
 import decisionkit
 from decisionkit import systemone
 from decisionkit.data import Split
-from decisionkit.model import CONFIG_FILE, DecisionModel, FeatureSpec, QuestionError, answer, load
+from decisionkit.model import DecisionModel, FeatureSpec, load
 from decisionkit.precision import ANSWER_TOLERANCE, Precision
+from decisionkit.saving import CONFIG_FILE
+from decisionkit.systemone import QuestionError, answer
 
 
 @pytest.fixture(scope="module")
@@ -140,20 +142,20 @@ def test_one_forward_gives_features_logits_per_question_and_the_loss(model, spli
 
     cases = Split("mixed", [splits["validation"][i] for i in (0, 21, 1)], "test")  # two workflows, interleaved
     target = targets(cases)
-    output = model(cases.texts, cases.case_workflows, target)
+    output = model(**model.tokenize(cases.texts), workflows=cases.case_workflows, target=target)
     assert output.features.shape == (3, model.heads.heads[next(iter(model.heads.heads))].in_features)
     assert output.rows == {cases[0].workflow: [0, 2], cases[1].workflow: [1]}
     per_case = output.per_case()
     for i, case in enumerate(cases):
         assert per_case[i].keys() == case.questions.keys()
-        alone = model([case.text], [case.workflow])  # the same input read on its own
+        alone = model(**model.tokenize([case.text]), workflows=[case.workflow])  # the same input read on its own
         for qid, z in per_case[i].items():
             assert torch.allclose(z, alone.logits[case.workflow][qid][0], atol=1e-4)
     by_hand = sum(soft_cross_entropy(per_case[i][q][None], torch.tensor(c.gold[q].probabilities[None],
                                                                         dtype=torch.float32))
                   for i, c in enumerate(cases) for q in c.questions) / target.decisions
     assert output.loss.item() == pytest.approx(by_hand.item(), rel=1e-4)
-    assert model(cases.texts, cases.case_workflows).loss is None
+    assert model(**model.tokenize(cases.texts), workflows=cases.case_workflows).loss is None
 
 
 def test_temperatures_are_looked_up_in_one_place(model):

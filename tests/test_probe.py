@@ -50,12 +50,12 @@ def test_compare_probes_table_and_alignment(halves):
 
 
 class _FixedFeatures:
-    """Stands in for a frozen model: ``raw_split_features`` is all ``learning_curve`` reads."""
+    """Stands in for a frozen model: ``split_pooled`` is all ``learning_curve`` reads."""
 
     def __init__(self, noise: float):
         self.noise = noise
 
-    def raw_split_features(self, cases):
+    def split_pooled(self, cases):
         import torch
 
         return torch.as_tensor(_informative(cases, self.noise, seed=len(cases)), dtype=torch.float32)

@@ -4,7 +4,8 @@ import pandas as pd
 import pytest
 
 from decisionkit.metrics import score, uniform_predictions
-from decisionkit.report import HISTORY_FILE, REFERENCES, RunReport, comparison, finetune_table
+from decisionkit.report import REFERENCES, RunReport, comparison, finetune_table
+from decisionkit.saving import HISTORY_FILE
 
 
 @pytest.fixture

@@ -10,10 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 import decisionkit
+from decisionkit import finetune
 from decisionkit import training as train_module
 from decisionkit.backbone import ENCODER_BACKBONE, LoraSettings, QuantSettings
-from decisionkit.model import ADAPTER_DIR, BACKBONE_DIR, DecisionModel
-from decisionkit.training import CHECKPOINT_DIR, HISTORY_FILE, TRAINER_STATE, preset, train
+from decisionkit.finetune import TRAINER_STATE
+from decisionkit.model import DecisionModel
+from decisionkit.saving import ADAPTER_DIR, BACKBONE_DIR, CHECKPOINT_DIR, HISTORY_FILE
+from decisionkit.training import preset, train
 
 # 16 cases: at the full recipe's rate (0.003) they are overfitted by step 10 and the fit keeps step 0 (uniform
 # heads); a smaller rate than even cpu-quick's, with its strong L2, learns: measured, step 20 at L2 10, dev loss
@@ -79,7 +82,7 @@ def test_training_splits_hold_a_dev_slice_out_of_train(splits):
 def test_mixed_steps_put_every_workflow_in_every_step():
     workflows = ["a"] * 12 + ["b"] * 12 + ["c"] * 6
     lengths = list(range(30, 0, -1))
-    steps = train_module.mixed_steps(workflows, lengths, batch_size=5, micro_batch=2, seed=1)
+    steps = finetune.mixed_steps(workflows, lengths, batch_size=5, micro_batch=2, seed=1)
     seen = [i for step in steps for micro in step for i in micro]
     assert sorted(seen) == list(range(30))  # each case once an epoch
     assert all({workflows[i] for micro in step for i in micro} == {"a", "b", "c"} for step in steps[:-1])
@@ -87,8 +90,8 @@ def test_mixed_steps_put_every_workflow_in_every_step():
         for micro in step:
             assert len(micro) <= 2 and len({workflows[i] for i in micro}) == 1
             assert [lengths[i] for i in micro] == sorted(lengths[i] for i in micro)
-    assert steps == train_module.mixed_steps(workflows, lengths, 5, 2, seed=1)
-    assert steps != train_module.mixed_steps(workflows, lengths, 5, 2, seed=2)
+    assert steps == finetune.mixed_steps(workflows, lengths, 5, 2, seed=1)
+    assert steps != finetune.mixed_steps(workflows, lengths, 5, 2, seed=2)
 
 
 class Interrupted(Exception):
@@ -99,7 +102,7 @@ class Interrupted(Exception):
 def _dies_after(monkeypatch, stop: int):
     """Training inside this block dies right after writing the checkpoint of step ``stop``; yields the monkeypatch
     context."""
-    save = train_module._save_checkpoint
+    save = finetune._save_checkpoint
 
     def save_then_die(folder, core, optimizer, scheduler, state):
         save(folder, core, optimizer, scheduler, state)
@@ -107,7 +110,7 @@ def _dies_after(monkeypatch, stop: int):
             raise Interrupted
 
     with monkeypatch.context() as m, pytest.raises(Interrupted):
-        m.setattr(train_module, "_save_checkpoint", save_then_die)
+        m.setattr(finetune, "_save_checkpoint", save_then_die)
         yield m
 
 
