@@ -188,6 +188,7 @@ class Trees:
     def fit(cls, x: np.ndarray, gold: np.ndarray, seed: int = 0, **settings) -> "Trees":
         """Fit on features ``x`` (cases x columns, NaN missing) against soft ``gold`` (cases x options)."""
         from sklearn.ensemble import HistGradientBoostingClassifier
+        from threadpoolctl import threadpool_limits
 
         options = gold.shape[1]
         rows, labels, weights = _expanded(x, gold)
@@ -195,7 +196,11 @@ class Trees:
             return cls.prior(gold.mean(axis=0))
         model = HistGradientBoostingClassifier(**{**TREE_SETTINGS, **settings}, early_stopping=False,
                                                random_state=seed)
-        model.fit(rows, labels, sample_weight=weights)
+        # One OpenMP thread: a workflow's few hundred rows are too few to share, and the threads' spin-waits cost
+        # more than the work (one workflow's five questions on 2 cores: 2-5 s with one thread, 77 s with two while
+        # another process ran; ~3x slower with two on an idle machine).
+        with threadpool_limits(1, user_api="openmp"):
+            model.fit(rows, labels, sample_weight=weights)
         return cls.from_sklearn(model, options)
 
     @classmethod

@@ -2,6 +2,18 @@ import pytest
 import torch
 
 from decisionkit import load_backbone, load_typed_decisions
+from decisionkit.precision import choose
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine this run's durations belong to (shown under -q too): CPU, cores, kernels, the compute dtype."""
+    import os
+    import re
+    from pathlib import Path
+
+    found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
+    terminalreporter.write_line(f"decisionkit ran on: {found.group(1) if found else 'unknown CPU'}, {os.cpu_count()} "
+                                f"cores, {choose().describe()}")
 
 
 @pytest.fixture(scope="session")
