@@ -2,18 +2,19 @@ import pytest
 import torch
 
 from decisionkit import load_backbone, load_typed_decisions
-from decisionkit.precision import choose
+from decisionkit.precision import kernels
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The machine this run's durations belong to (shown under -q too): CPU, cores, kernels, the compute dtype."""
+    """The machine this run's durations belong to (shown under -q too): CPU, cores, the kernels torch runs. (Not the
+    compute dtype: tests force both, and each benchmark record carries the one it ran.)"""
     import os
     import re
     from pathlib import Path
 
     found = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M)
     terminalreporter.write_line(f"decisionkit ran on: {found.group(1) if found else 'unknown CPU'}, {os.cpu_count()} "
-                                f"cores, {choose().describe()}")
+                                f"cores, {kernels()}")
 
 
 @pytest.fixture(scope="session")
