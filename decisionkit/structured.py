@@ -196,9 +196,8 @@ class Trees:
             return cls.prior(gold.mean(axis=0))
         model = HistGradientBoostingClassifier(**{**TREE_SETTINGS, **settings}, early_stopping=False,
                                                random_state=seed)
-        # One OpenMP thread: a workflow's few hundred rows are too few to share, and the threads' spin-waits cost
-        # more than the work (one workflow's five questions on 2 cores: 2-5 s with one thread, 77 s with two while
-        # another process ran; ~3x slower with two on an idle machine).
+        # One OpenMP thread: a workflow's few hundred rows are too few to share, and on 2 cores the threads'
+        # spin-waits cost more than the work, by an order of magnitude when another process holds a core.
         with threadpool_limits(1, user_api="openmp"):
             model.fit(rows, labels, sample_weight=weights)
         return cls.from_sklearn(model, options)
