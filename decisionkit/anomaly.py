@@ -21,7 +21,9 @@ inputs, the weight w = exp(-(distance - reference) / scale) falls from 1 towards
 of those farthest inputs (an exponential tail fitted to them). The model then answers w * heads + (1 - w) * the
 training prior, with confidence w * the heads' confidence (``answer_parts``, ``answers.py``). Real inputs keep their
 answers (w = 1 for all but about ``TAIL_SHARE`` of them); a poem, far beyond every training case, answers the prior
-with confidence ~0.
+with confidence ~0. A hybrid's weight falls the same way past its workflow's tail of held-out field surprise
+(``field surprise``, ``structured.Fields.surprise``): that is what sends near-domain states (blanked,
+contradictory, another workflow's) to a human, which the pooled features place among the real ones.
 
 ``fit_router(model, train, validation)`` fits the feature density on the training split, the tail and the threshold
 on held-out real inputs: the validation split and, on a frozen backbone, every train case scored by heads re-fitted
@@ -47,6 +49,7 @@ from .metrics import gold_priors
 from .routing import LOW_IS_ANOMALOUS, SCORES, TARGET_REJECTION, FeatureDensity, Router, anomalous
 
 OFF_DOMAIN_DIR = Path(__file__).resolve().parent / "scenario_data" / "off-domain"  # package data: ships in the wheel
+MIN_FIELD_SCALE = 0.01  # the field surprise moves in steps of one failed check in ~20-100: never fall faster
 TAIL_SHARE = 0.01  # the farthest share of held-out real inputs, past which answers lose confidence: ECE moves < 0.01
 CROSS_FIT_FOLDS = 10  # heads re-fitted on 90% of train score the other 10%: close to the final heads' confidence
 # A hybrid's folds re-fit its trees too: the 5 folds its mixing weights were chosen on keep make demo within its
@@ -143,6 +146,13 @@ def fit_router(model, train: Split, validation: Split, score: str = "confidence"
     router.reference = float(np.quantile(distances, 1 - TAIL_SHARE))
     excess = distances[distances > router.reference] - router.reference
     router.scale = float(excess.mean()) if len(excess) else float(distances.std() or 1.0)
+    if all(o.surprise is not None for o, _ in held):  # a hybrid: the fields' surprise falls the same way
+        surprise = np.concatenate([o.surprise for o, _ in held])
+        workflows = np.concatenate([o.workflows for o, _ in held])
+        router.field_reference = {str(w): float(np.quantile(surprise[workflows == w], 1 - TAIL_SHARE))
+                                  for w in sorted(set(workflows))}
+        excess = surprise - np.array([router.field_reference[w] for w in workflows])
+        router.field_scale = max(float(excess[excess > 0].mean()) if (excess > 0).any() else 0.0, MIN_FIELD_SCALE)
     values = pd.concat([router.scores(model, o, d)[score] for o, d in held], ignore_index=True)
     router.threshold = float(np.quantile(values, rejection if score in LOW_IS_ANOMALOUS else 1 - rejection))
     router.fitted_on = {"validation": len(validation), "cross-fitted train": len(train) if cross_fitted else 0,
@@ -183,7 +193,7 @@ class AnomalyReport:
         inside, outside = self.frames[self.real], self.frames[other]
         y = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
         rows = {}
-        for s in SCORES:
+        for s in [*SCORES, *(["field surprise"] if "field surprise" in inside else [])]:
             sign = -1.0 if s in LOW_IS_ANOMALOUS else 1.0  # oriented so that higher means stranger
             values = sign * np.r_[inside[s].to_numpy(), outside[s].to_numpy()]
             keep_95 = np.quantile(sign * inside[s], 0.95)
@@ -238,7 +248,8 @@ def routing_table(model, states: dict[str, object], workflow: str) -> pd.DataFra
     rows = {}
     for name, state in states.items():
         routed = model.route(state, workflow=workflow)
-        rows[name] = {**{k: routed["scores"][k] for k in ("raw confidence", "confidence", "mahalanobis", "in-domain")},
+        rows[name] = {**{k: routed["scores"][k] for k in ("raw confidence", "confidence", "mahalanobis",
+                                                          "field surprise", "in-domain") if k in routed["scores"]},
                       "verdict": routed["verdict"]}
     return pd.DataFrame.from_dict(rows, orient="index")
 

@@ -71,8 +71,7 @@ class AnswerMixin:
         falling towards 0 beyond it (``routing.Router.weight``); all 1 without a router or with ``raw``."""
         if raw or self.router is None:
             return np.ones(len(output.workflows))
-        return self.router.weight(self.router.density.distance(output.features.cpu().double().numpy(),
-                                                               output.workflows))
+        return self.router.output_weights(output)[1]
 
     @torch.inference_mode()
     def outputs(self, cases: Split, raw: bool = False) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:

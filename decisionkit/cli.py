@@ -1,8 +1,9 @@
 """The ``decisionkit`` command line.
 
-- ``decisionkit demo``: the README's main job. Train the hybrid on the full train split (``cpu-best``: heads on
-  frozen SmolLM2 features averaged with trees on the state's fields), calibrate it on validation, fit the routing threshold, evaluate on test (and the off-domain set), score the zero-shot baseline
-  on a validation sample, and write ``runs/demo/`` (model, report.json, report.md).
+- ``decisionkit demo``: the README's main job. Train the hybrid on the full train split (``cpu-fast``: heads on
+  frozen MiniLM-L6 features averaged with trees on the state's fields), calibrate it on validation, fit the routing
+  threshold, evaluate on test (and the off-domain set), score the zero-shot baseline on a validation sample, and
+  write ``runs/demo/`` (model, report.json, report.md).
 - ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
 - ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serve.py``).
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", default=out_default, help="output folder")
 
     for name, handler, default_preset, help_text in (
-            ("demo", cmd_demo, "cpu-best", "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
+            ("demo", cmd_demo, "cpu-fast", "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
             ("train", cmd_train, None, "train a preset and evaluate it on validation and test")):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--preset", default=default_preset, required=default_preset is None, choices=sorted(PRESETS))

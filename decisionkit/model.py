@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +53,7 @@ class DecisionOutput:
     logits: dict[str, dict[str, torch.Tensor]]  # workflow -> question -> (that workflow's inputs, options)
     rows: dict[str, list[int]]  # workflow -> which inputs its logits belong to (``heads.group_rows``)
     loss: torch.Tensor | None = None  # soft-gold cross-entropy per decision, when targets were given
+    surprise: np.ndarray | None = None  # a hybrid's: per input, the share of field checks that fail (structured.py)
 
     def per_case(self) -> list[dict[str, torch.Tensor]]:
         """The logits by input: question id -> logits, in input order (the one place they are regrouped)."""
@@ -117,12 +119,16 @@ class DecisionModel(AnswerMixin, nn.Module):
         structured = self.structured if structured is None else structured
         rows = group_rows(list(workflows))
         logits = heads.read(features, rows, questions)
+        surprise = None
         if structured is not None:
             if states is None or len(states) != len(workflows):
                 raise ValueError("this hybrid model reads each input's state fields too: pass states, one per input")
             logits = structured.mix(logits, states, rows)
+            surprise = np.zeros(len(workflows))
+            for workflow, positions in rows.items():
+                surprise[positions] = structured.surprise([states[i] for i in positions], workflow)
         loss = None if target is None else decision_loss(self.schema, logits, target, ordinal)
-        return DecisionOutput(features, list(workflows), logits, rows, loss)
+        return DecisionOutput(features, list(workflows), logits, rows, loss, surprise)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward`` before the heads: the backbone, the pooling and the standardization (timed apart in the

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import saving
 from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
+from .backbone import load_backbone
 from .calibration import calibrate
 from .metrics import score
 from .model import load
@@ -48,7 +49,8 @@ def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_s
             lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
         routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
                    "fitted on": router.fitted_on, "reference distance": router.reference,
-                   "distance scale": router.scale, **{f"{name} sent to a human": share for name, share in sent.items()}}
+                   "distance scale": router.scale, "field reference": router.field_reference,
+                   "field scale": router.field_scale, **{f"{name} sent to a human": share for name, share in sent.items()}}
         # What the saved model answers now: distance-aware (the heads alone stay in the calibration table).
         scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
     model.save(out)
@@ -56,10 +58,12 @@ def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_s
     if model.structured is not None:  # the hybrid's parts apart, on the same test cases
         baselines.update({f"{part} ({len(splits['test'])} test cases)": s
                           for part, s in part_scores(model, splits["test"]).items()})
-    if zero_shot and model.backbone.kind == "causal":  # an encoder has no next-token head to ask
+    if zero_shot:  # an encoder has no next-token head to ask: the offline causal LM is asked instead, and named
         sample = splits["validation"].head(zero_shot)
-        baselines[f"zero-shot ({len(sample)} validation cases)"] = score(
-            sample, zero_shot_predictions(model.backbone, sample, progress=progress))
+        asked = model.backbone if model.backbone.kind == "causal" else load_backbone()
+        name = "" if asked is model.backbone else f"{asked.name.split('/')[-1]}, "
+        baselines[f"zero-shot ({name}{len(sample)} validation cases)"] = score(
+            sample, zero_shot_predictions(asked, sample, progress=progress))
     backbone, saved = model.backbone, saving.config(model)["backbone"]
     report = RunReport(
         backbone={"name": saved["name"], "source": backbone.resolved.source,

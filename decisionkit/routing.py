@@ -6,7 +6,11 @@ threshold past which a human answers.
   distance of a pooled feature to its workflow's training features (Lee et al., 2018).
 - ``Router.weight``: past the distance of the farthest ``anomaly.TAIL_SHARE`` of held-out real inputs
   (``reference``), the weight w = exp(-(distance - reference) / scale) the heads keep falls from 1 towards 0; the
-  answers become w * heads + (1 - w) * the training prior (``answer_parts``, ``answers.py``).
+  answers become w * heads + (1 - w) * the training prior (``answer_parts``, ``answers.py``). A hybrid's router
+  also reads the fields: past the field surprise of the farthest ``TAIL_SHARE`` of its workflow's held-out real
+  inputs (``field_reference``), w is multiplied by exp(-(surprise - field_reference) / field_scale). A blanked
+  state, a contradictory one or another workflow's state reads like a real one to the pooled features, not to
+  the fields (``structured.Fields.surprise``).
 - ``Router.scores``: every anomaly score of the inputs of a model's output (``output_scores``, with the model's
   temperatures and answers, ``answers.AnswerMixin``; the distance and the weight as columns ``mahalanobis`` and
   ``in-domain``); ``Router.verdict``: "answer" or "human" from one of them against the threshold.
@@ -101,26 +105,41 @@ class Router:
     priors: dict[str, dict[str, np.ndarray]]  # workflow -> question -> mean training gold: the far inputs' answer
     reference: float = float("inf")  # distance of the farthest TAIL_SHARE of held-out real inputs
     scale: float = 1.0  # their mean excess distance: the weight falls e-fold every ``scale`` past ``reference``
+    field_reference: dict[str, float] = field(default_factory=dict)  # a hybrid's: workflow -> surprise of its tail
+    field_scale: float = 1.0  # the held-out inputs' mean excess surprise past their workflow's reference
     score: str = "confidence"
     threshold: float = 0.0
     rejection: float = TARGET_REJECTION  # the share of held-out real inputs the threshold sends to a human
     fitted_on: dict = field(default_factory=dict)  # which held-out inputs set the tail and threshold, how many
 
-    def weight(self, distances: np.ndarray) -> np.ndarray:
-        """The weight the heads keep at these distances: 1 up to ``reference``, then exp(-excess / scale)."""
-        return np.exp(-np.maximum(np.asarray(distances, dtype=float) - self.reference, 0.0) / self.scale)
+    def weight(self, distances: np.ndarray, surprise: np.ndarray | None = None,
+               workflows: list[str] | None = None) -> np.ndarray:
+        """The weight the heads keep at these distances: 1 up to ``reference``, then exp(-excess / scale); times
+        the same fall past each workflow's ``field_reference`` of the fields' ``surprise`` when both are known."""
+        weight = np.exp(-np.maximum(np.asarray(distances, dtype=float) - self.reference, 0.0) / self.scale)
+        if surprise is not None and self.field_reference:
+            reference = np.array([self.field_reference.get(w, np.inf) for w in workflows])
+            weight = weight * np.exp(-np.maximum(np.asarray(surprise, dtype=float) - reference, 0.0) / self.field_scale)
+        return weight
+
+    def output_weights(self, output, density: FeatureDensity | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The distances of ``output``'s inputs to the training features (``density``: the router's unless given)
+        and the weights the heads keep on them."""
+        density = self.density if density is None else density
+        distances = density.distance(output.features.cpu().double().numpy(), output.workflows)
+        return distances, self.weight(distances, output.surprise, output.workflows)
 
     @torch.no_grad()
     def scores(self, model, output, density: FeatureDensity | None = None) -> pd.DataFrame:
         """Every anomaly score (and the per-question MSP) of the inputs of ``output`` (a ``DecisionOutput``: their
         features and every trained question's logits), one row each; ``density`` replaces the router's (for a fold
         of cross-fitting). ``model`` supplies the temperatures and the answers' arithmetic."""
-        density = self.density if density is None else density
-        distances = density.distance(output.features.cpu().double().numpy(), output.workflows)
-        weights = self.weight(distances)
+        distances, weights = self.output_weights(output, density)
         frame = pd.DataFrame([output_scores(model, {q: v.cpu() for q, v in z.items()}, w, float(v), self.priors)
                               for z, w, v in zip(output.per_case(), output.workflows, weights)])
         frame["mahalanobis"], frame["in-domain"] = distances, weights
+        if output.surprise is not None:
+            frame["field surprise"] = output.surprise
         return frame
 
     def verdict(self, scores: dict[str, float]) -> dict:
@@ -135,7 +154,8 @@ class Router:
 
     def config(self) -> dict:
         return {"score": self.score, "threshold": self.threshold, "rejection": self.rejection,
-                "reference": self.reference, "scale": self.scale, "fitted_on": self.fitted_on,
+                "reference": self.reference, "scale": self.scale, "field_reference": self.field_reference,
+                "field_scale": self.field_scale, "fitted_on": self.fitted_on,
                 "priors": {w: {q: p.tolist() for q, p in qs.items()} for w, qs in self.priors.items()}}
 
     @classmethod

@@ -11,6 +11,11 @@ decision model (``model.DecisionModel`` with a ``StructuredPart``) averages the 
   longer text, and for two numbers that share a name in different objects (an invoice's and an order's
   ``total_usd``) their difference and ratio. ``Fields.encode(states)`` gives the matrix: a missing field, a field
   of another type, an unseen category or a state that is a plain string gives NaN or 0, never an error.
+- ``Fields.surprise(states)``: the share of a state's field checks that fail against train: a path the workflow's
+  states never had, a path nearly all of them had that is missing, a category value never kept, a number (or a
+  difference, ratio or text length) outside the training range. A blanked state, a contradictory one or another
+  workflow's state fails many; the router lowers the heads' weight on it (``routing.Router``), which pooled
+  features alone cannot do for a state that reads like the real thing.
 - ``Trees.fit(x, gold)``: one scikit-learn ``HistGradientBoostingClassifier`` per question, fitted on the soft
   gold (each case repeated once per option, weighted by the option's gold probability). Kept as flat arrays (node
   feature, threshold, children, leaf value), so the trees save into safetensors like every other weight and
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +37,7 @@ from .data import Split
 MIN_COUNT = 3  # a category value becomes a column once it occurs in this many train states of the workflow
 MAX_CATEGORY_CHARS = 40  # longer strings are free text: the language model reads them, the fields keep the length
 MAX_CATEGORIES = 30  # most frequent values kept per categorical path
+EXPECTED = 0.9  # a path in this share of a workflow's train states or more is expected: its absence is a surprise
 TREE_SETTINGS = dict(max_iter=150, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=8, l2_regularization=1.0)
 
 
@@ -74,12 +80,17 @@ def _name(path: str) -> str:
 class Fields:
     """The columns of one workflow's states, learned on train: ``numbers`` (paths read as numbers; within arrays,
     summed), ``categories`` (path -> values with a 0/1 column each, counted within arrays), ``texts`` (paths whose
-    string length is a column) and ``pairs`` (two number paths compared by difference and ratio)."""
+    string length is a column) and ``pairs`` (two number paths compared by difference and ratio); for
+    ``surprise``, ``presence`` (path -> share of train states that have it) and each column's train range
+    (``low``, ``high``; None where train never had a value)."""
 
     numbers: list[str]
     categories: dict[str, list[str]]
     texts: list[str]
     pairs: list[tuple[str, str]]
+    presence: dict[str, float] = field(default_factory=dict)
+    low: list[float | None] = field(default_factory=list)
+    high: list[float | None] = field(default_factory=list)
 
     @classmethod
     def fit(cls, states: Sequence[Any]) -> "Fields":
@@ -105,7 +116,13 @@ class Fields:
         scalar = [p for p in numbers if not p.endswith("#len")]
         pairs = [(a, b) for i, a in enumerate(scalar) for b in scalar[i + 1:]
                  if _name(a) == _name(b) and a.split(".")[0] != b.split(".")[0]]
-        return cls(numbers, categories, texts, pairs)
+        fields = cls(numbers, categories, texts, pairs, {p: n / len(states) for p, n in sorted(seen.items())})
+        x = fields.encode(states)
+        known = ~np.isnan(x)
+        low, high = np.where(known, x, np.inf).min(axis=0), np.where(known, x, -np.inf).max(axis=0)
+        fields.low = [float(v) if np.isfinite(v) else None for v in low]
+        fields.high = [float(v) if np.isfinite(v) else None for v in high]
+        return fields
 
     @property
     def columns(self) -> list[str]:
@@ -147,14 +164,46 @@ class Fields:
                 x[row, pairs + len(self.pairs) + i] = va / vb if vb else np.nan
         return x
 
+    def surprise(self, states: Sequence[Any]) -> np.ndarray:
+        """Per state, the share of its field checks that fail (0: every field as in train; 1: nothing is, as for a
+        plain string or another workflow's state). Checks: each path of the state (known to the workflow?), each
+        expected path (present?), each category value (kept?), each number column (inside the train range?).
+        A model saved before these were learned (no ``presence``) finds no surprise."""
+        if not self.presence:
+            return np.zeros(len(states))
+        x = self.encode(states)
+        first_category = len(self.numbers)
+        after_categories = first_category + sum(len(v) for v in self.categories.values())
+        numeric = [c for c in range(x.shape[1]) if not first_category <= c < after_categories
+                   and self.low[c] is not None]
+        low = np.array([self.low[c] for c in numeric])
+        high = np.array([self.high[c] for c in numeric])
+        expected = {p for p, share in self.presence.items() if share >= EXPECTED}
+        out = np.zeros(len(states))
+        for row, state in enumerate(states):
+            found = leaves(state)
+            paths = {p for p, _ in found}
+            categorical = [(p, value) for p, value in found if p in self.categories and isinstance(value, str)]
+            checks = len(paths | expected) + len(categorical)
+            failed = len(paths - self.presence.keys()) + len(expected - paths)
+            failed += sum(value not in self.categories[p] for p, value in categorical)
+            values = x[row, numeric]
+            known = ~np.isnan(values)
+            checks += int(known.sum())
+            failed += int(((values[known] < low[known]) | (values[known] > high[known])).sum())
+            out[row] = failed / checks if checks else 1.0
+        return out
+
     def to_json(self) -> dict:
         return {"numbers": self.numbers, "categories": self.categories, "texts": self.texts,
-                "pairs": [list(p) for p in self.pairs]}
+                "pairs": [list(p) for p in self.pairs], "presence": self.presence, "low": self.low,
+                "high": self.high}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Fields":
         return cls(list(obj["numbers"]), {k: list(v) for k, v in obj["categories"].items()}, list(obj["texts"]),
-                   [tuple(p) for p in obj["pairs"]])
+                   [tuple(p) for p in obj["pairs"]], dict(obj.get("presence", {})), list(obj.get("low", [])),
+                   list(obj.get("high", [])))
 
 
 def _expanded(x: np.ndarray, gold: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -350,6 +399,10 @@ class StructuredPart:
         """The trees' answer distributions for ``states`` of ``workflow``: question -> (states, options)."""
         x = self.fields[workflow].encode(states)
         return {qid: self.trees[workflow][qid].probabilities(x) for qid in questions}
+
+    def surprise(self, states: Sequence[Any], workflow: str) -> np.ndarray:
+        """``Fields.surprise`` of ``states`` under ``workflow``'s fields."""
+        return self.fields[workflow].surprise(states)
 
     def mix(self, logits: dict[str, dict[str, torch.Tensor]], states: Sequence[Any], rows: dict[str, list[int]]
             ) -> dict[str, dict[str, torch.Tensor]]:

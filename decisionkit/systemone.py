@@ -164,8 +164,10 @@ class Routing(Contract):
     reason: str = Field(description="Which score decided, against which threshold.")
     scores: dict[str, float] = Field(description="Every anomaly score: confidence (the lowest of the answers), "
                                                  "raw confidence (the heads alone), msp, entropy, energy, "
-                                                 "mahalanobis (the distance to the training features) and "
-                                                 "in-domain (the weight the heads' answers kept, 0 to 1).")
+                                                 "mahalanobis (the distance to the training features), "
+                                                 "field surprise (a hybrid's: the share of the state's field "
+                                                 "checks that fail) and in-domain (the weight the heads' "
+                                                 "answers kept, 0 to 1).")
 
 
 class SystemOneResponse(Contract):

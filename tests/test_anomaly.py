@@ -158,12 +158,13 @@ def test_a_far_input_answers_the_training_prior_with_no_confidence(routed, split
 def test_halfway_out_the_answer_is_half_heads_half_prior(routed):
     model, router, _ = routed
     far = model.route(POEM, workflow="customer_service")
-    saved = router.reference
-    try:
+    saved = router.reference, router.field_reference
+    try:  # the distance alone (a poem has no fields: their surprise would take the rest of its weight)
         router.reference = far["scores"]["mahalanobis"] - router.scale * np.log(2)  # weight 1/2 for the poem
+        router.field_reference = {}
         half = model.route(POEM, workflow="customer_service")
     finally:
-        router.reference = saved
+        router.reference, router.field_reference = saved
     raw = model.decide(POEM, workflow="customer_service", raw=True)
     assert half["scores"]["in-domain"] == pytest.approx(0.5)
     a, r = half["answers"]["category"], raw["category"]
@@ -200,6 +201,20 @@ def test_route_answers_and_scores_a_poem(routed, splits):
         model.route(case.state, {"nope": {"type": "noul"}}, workflow=case.workflow)
 
 
+def test_a_hybrid_sends_another_workflows_state_to_a_human(routed, splits):
+    """An invoice passed as a security incident reads like a state to the pooled features; its fields do not."""
+    model, router, _ = routed
+    assert set(router.field_reference) == set(model.schema) and router.field_scale > 0
+    case = next(c for c in splits["validation"] if c.workflow == "invoice_processing")
+    wrong = model.route(case.state, workflow="security_incidents")
+    assert wrong["scores"]["field surprise"] == 1.0  # none of its paths is a security incident's
+    fall = np.exp(-(1.0 - router.field_reference["security_incidents"]) / router.field_scale)
+    assert wrong["scores"]["in-domain"] <= fall * (1 + 1e-9)
+    assert wrong["verdict"] == "human" and wrong["scores"]["confidence"] < router.threshold
+    own = model.route(case.state, workflow=case.workflow)
+    assert own["scores"]["field surprise"] < wrong["scores"]["field surprise"]
+
+
 def test_router_is_saved_with_the_model(routed, tmp_path):
     model, router, _ = routed
     reopened = decisionkit.load(model.save(tmp_path / "routed"))
@@ -225,8 +240,8 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
     inside, outside = report.frames[report.real], report.frames["off"]
     assert inside["id"].tolist() == in_domain.ids and outside["id"].tolist() == ["p", "q", "r"]
     table = report.separation("off")
-    assert list(table.index) == list(SCORES)
-    for s in SCORES:  # AUROC as the share of (in-domain, off-domain) pairs ordered right, ties half; FPR by count
+    assert list(table.index) == [*SCORES, "field surprise"]  # a hybrid's router reads the fields too
+    for s in table.index:  # AUROC as the share of (in-domain, off-domain) pairs ordered right, ties half; FPR by count
         sign = -1.0 if s in ("confidence", "raw confidence") else 1.0  # oriented so that higher is stranger
         a, b = sign * inside[s].to_numpy(), sign * outside[s].to_numpy()
         pairs = (b[None, :] > a[:, None]).mean() + 0.5 * (b[None, :] == a[:, None]).mean()

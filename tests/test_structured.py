@@ -57,6 +57,24 @@ def test_any_state_encodes_without_an_error(state):
     assert not np.isinf(x).any()
 
 
+def test_field_surprise_is_zero_on_train_and_grows_with_what_train_never_had():
+    fields = Fields.fit(STATES)
+    assert (fields.surprise(STATES) == 0).all()
+    contradictory = {**STATES[0], "invoice": {**STATES[0]["invoice"], "total_usd": 1e6}}  # 10,000x the order's
+    blanked = {"invoice": {"total_usd": 0, "lines": [], "paid": None, "note": ""}, "order": {"total_usd": 0, "status": ""}}
+    other_workflow = {"thread": [{"role": "customer", "text": "my card was charged twice"}], "account": {"tier": "pro"}}
+    found = fields.surprise([contradictory, blanked, other_workflow, "a plain string", None, [1, 2]])
+    # the invoice total, its difference and its ratio to the order's are out of range: 3 failed checks
+    assert 0 < found[0] < found[1] < found[2]
+    assert found[2:].tolist() == [1.0] * 4  # nothing of the workflow's fields is there
+    # its checks: every path, 3 category values (2 SKUs, 1 status), every number, text length, difference and ratio
+    checks = (len({p for p, _ in leaves(contradictory)}) + 3 + len(fields.numbers) + len(fields.texts)
+              + 2 * len(fields.pairs))
+    assert found[0] == pytest.approx(3 / checks)
+    old = {k: v for k, v in fields.to_json().items() if k not in ("presence", "low", "high")}
+    assert (Fields.from_json(old).surprise([other_workflow]) == 0).all()  # a model saved before: no surprise
+
+
 def _fitted(labels, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(len(labels), 4))
