@@ -12,6 +12,7 @@ settings (``backbone.QuantSettings``, ``backbone.LoraSettings``):
 from __future__ import annotations
 
 import importlib.util
+import logging
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,6 +65,10 @@ def load_transformers(resolved, quant, device: str, trust_remote_code: bool, kin
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "use_safetensors": True}
     if quant is not None:
         from transformers import BitsAndBytesConfig
+
+        if device == "cpu":  # on a bf16 CPU, bitsandbytes tries an optional hub kernel at import and warns when the
+            # `kernels` package is absent; offline it cannot be fetched anyway, and its own CPU kernels answer
+            logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,

@@ -32,7 +32,11 @@ def static_images() -> bool:
     if "ok" not in _static:
         try:
             import kaleido
+            from choreographer.browsers.chromium import Chromium
 
+            # without a browser kaleido's server never answers: look for one first (kaleido's own download too)
+            if Chromium.find_browser(skip_local=False) is None:
+                raise RuntimeError("no Chrome or Chromium found (Debian: apt-get install chromium)")
             kaleido.start_sync_server(silence_warnings=True)
             atexit.register(kaleido.stop_sync_server, silence_warnings=True)
             with warnings.catch_warnings():
