@@ -53,6 +53,12 @@ def output_scores(model, logits: dict[str, torch.Tensor], workflow: str, weight:
     return scores
 
 
+def shown(value: float) -> str:
+    """A score as a reason states it: three significant digits, and 0.000 rather than 3e-47 for a weight or a
+    confidence that the distance or the fields took to nothing."""
+    return f"{value:.3g}" if abs(value) >= 1e-3 else f"{value:.3f}"
+
+
 def anomalous(score: str, values, threshold: float):
     """True where ``values`` of ``score`` lie on the human side of ``threshold``."""
     return np.asarray(values) < threshold if score in LOW_IS_ANOMALOUS else np.asarray(values) > threshold
@@ -146,11 +152,11 @@ class Router:
         value = scores[self.score]
         side = "below" if self.score in LOW_IS_ANOMALOUS else "above"
         if anomalous(self.score, value, self.threshold):
-            reason = (f"{self.score} {value:.3g} is {side} the threshold {self.threshold:.3g} (set so that "
+            reason = (f"{self.score} {shown(value)} is {side} the threshold {shown(self.threshold)} (set so that "
                       f"{self.rejection:.0%} of held-out real inputs go to a human)")
             return {"verdict": "human", "reason": reason}
-        return {"verdict": "answer", "reason": f"{self.score} {value:.3g} is not {side} the threshold "
-                                               f"{self.threshold:.3g}"}
+        return {"verdict": "answer", "reason": f"{self.score} {shown(value)} is not {side} the threshold "
+                                               f"{shown(self.threshold)}"}
 
     def config(self) -> dict:
         return {"score": self.score, "threshold": self.threshold, "rejection": self.rejection,

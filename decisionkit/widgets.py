@@ -22,6 +22,7 @@ import ipywidgets as w
 from . import plots
 from .answer_fields import answer_probabilities, lowest_confidence
 from .plots import answer_bars
+from .routing import shown
 
 
 def parse_state(text: str) -> Any:
@@ -93,7 +94,7 @@ class DecisionPanel:
             return
         verdict, reason = self.decision()
         colour = "#b00020" if verdict == "human" else "#1b5e20"
-        scores = ", ".join(f"{k} {v:.3g}" for k, v in self.result["scores"].items() if ":" not in k)
+        scores = ", ".join(f"{k} {shown(v)}" for k, v in self.result["scores"].items() if ":" not in k)
         self.verdict.value = (f"<b style='color:{colour}'>verdict: {verdict}</b> — {reason}"
                               + (f"<br><small>anomaly scores: {scores}</small>" if scores else ""))
 

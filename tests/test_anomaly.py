@@ -21,6 +21,7 @@ from decisionkit.data import DataError
 from decisionkit.fitting import cross_fit
 from decisionkit.heads import targets
 from decisionkit.metrics import gold_priors
+from decisionkit.routing import shown
 
 POEM = "autumn wind through golden leaves under the moon"
 
@@ -181,8 +182,9 @@ def test_route_answers_and_scores_a_poem(routed, splits):
     scores = result["scores"]
     # the verdict is the threshold's: a confidence below it goes to a human, and the reason quotes both numbers
     assert result["verdict"] == ("human" if scores["confidence"] < router.threshold else "answer")
-    assert result["reason"].startswith(f"confidence {scores['confidence']:.3g} is ")
-    assert f"threshold {router.threshold:.3g}" in result["reason"]
+    assert result["reason"].startswith(f"confidence {shown(scores['confidence'])} is ")
+    assert f"threshold {shown(router.threshold)}" in result["reason"]
+    assert shown(2.8e-47) == "0.000" and shown(0.3886) == "0.389" and shown(66.34) == "66.3"
     questions = model.schema["customer_service"]
     assert set(scores) >= set(SCORES) | {f"msp:{q}" for q in questions}
     assert set(result["answers"]) == set(questions)

@@ -25,7 +25,6 @@ TEXT = ("text/plain", "text/markdown", "text/html")
 # the reason each waits: what its saved run shows, fixed in the package, not yet re-run in full mode
 STALE = {
     "03_training.ipynb": "reads saved runs fitted by an older decisionkit (a UserWarning with a path), prints a float",
-    "07_anomaly_thresholds.ipynb": "prints distances and weights unrounded (9.77e-27)",
     "08_cross_domain.ipynb": "prints a confidence unrounded",
 }
 
