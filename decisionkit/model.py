@@ -123,10 +123,7 @@ class DecisionModel(AnswerMixin, nn.Module):
         if structured is not None:
             if states is None or len(states) != len(workflows):
                 raise ValueError("this hybrid model reads each input's state fields too: pass states, one per input")
-            logits = structured.mix(logits, states, rows)
-            surprise = np.zeros(len(workflows))
-            for workflow, positions in rows.items():
-                surprise[positions] = structured.surprise([states[i] for i in positions], workflow)
+            logits, surprise = structured.mix(logits, states, rows)
         loss = None if target is None else decision_loss(self.schema, logits, target, ordinal)
         return DecisionOutput(features, list(workflows), logits, rows, loss, surprise)
 

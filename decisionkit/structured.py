@@ -164,14 +164,14 @@ class Fields:
                 x[row, pairs + len(self.pairs) + i] = va / vb if vb else np.nan
         return x
 
-    def surprise(self, states: Sequence[Any]) -> np.ndarray:
+    def surprise(self, states: Sequence[Any], x: np.ndarray | None = None) -> np.ndarray:
         """Per state, the share of its field checks that fail (0: every field as in train; 1: nothing is, as for a
         plain string or another workflow's state). Checks: each path of the state (known to the workflow?), each
         expected path (present?), each category value (kept?), each number column (inside the train range?).
         A model saved before these were learned (no ``presence``) finds no surprise."""
         if not self.presence:
             return np.zeros(len(states))
-        x = self.encode(states)
+        x = self.encode(states) if x is None else x  # ``x``: their ``encode``, when the caller has it already
         first_category = len(self.numbers)
         after_categories = first_category + sum(len(v) for v in self.categories.values())
         numeric = [c for c in range(x.shape[1]) if not first_category <= c < after_categories
@@ -400,18 +400,18 @@ class StructuredPart:
         x = self.fields[workflow].encode(states)
         return {qid: self.trees[workflow][qid].probabilities(x) for qid in questions}
 
-    def surprise(self, states: Sequence[Any], workflow: str) -> np.ndarray:
-        """``Fields.surprise`` of ``states`` under ``workflow``'s fields."""
-        return self.fields[workflow].surprise(states)
-
     def mix(self, logits: dict[str, dict[str, torch.Tensor]], states: Sequence[Any], rows: dict[str, list[int]]
-            ) -> dict[str, dict[str, torch.Tensor]]:
+            ) -> tuple[dict[str, dict[str, torch.Tensor]], np.ndarray]:
         """The hybrid's logits: log(w * softmax(heads' logits) + (1 - w) * trees), per workflow and question
-        (``rows``: workflow -> positions in ``states``, as ``heads.group_rows`` gives). Gradients reach the heads'
-        logits; temperatures divide these as they divide the heads'."""
-        out = {}
+        (``rows``: workflow -> positions in ``states``, as ``heads.group_rows`` gives), and each state's
+        ``Fields.surprise``, both from one ``encode`` per workflow. Gradients reach the heads' logits; temperatures
+        divide these as they divide the heads'."""
+        out, surprise = {}, np.zeros(len(states))
         for workflow, per_question in logits.items():
-            trees = self.probabilities([states[i] for i in rows[workflow]], workflow, list(per_question))
+            mine = [states[i] for i in rows[workflow]]
+            x = self.fields[workflow].encode(mine)
+            surprise[rows[workflow]] = self.fields[workflow].surprise(mine, x)
+            trees = {qid: self.trees[workflow][qid].probabilities(x) for qid in per_question}
             out[workflow] = {}
             for qid, z in per_question.items():
                 w = self.weights[workflow][qid]
@@ -423,7 +423,7 @@ class StructuredPart:
                 if w > 0:
                     parts.append(torch.log_softmax(z, dim=-1) + math.log(w))
                 out[workflow][qid] = torch.logsumexp(torch.stack(parts), dim=0)
-        return out
+        return out, surprise
 
     def tensors(self) -> dict[str, np.ndarray]:
         return {k: v for workflow, per_question in self.trees.items() for qid, trees in per_question.items()
