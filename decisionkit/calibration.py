@@ -19,6 +19,14 @@ every answer, T < 1 sharpens it. The ranking of the options never changes, so ac
 - ``CalibrationReport`` shows accuracy, KL, Brier and ECE (10 and 15 bins) before and after, reliability
   diagrams, confidence histograms and the risk-coverage curve (accuracy of the decisions kept as the
   confidence threshold rises).
+- Small data (``calibrate_out_of_fold``): a validation split of a few dozen cases gives a temperature that fits
+  its noise as much as the model. The temperatures are then fitted on more held-out predictions: every train case
+  scored by heads cross-fitted without it (``fitting.cross_fit``), plus validation (which the model never trained
+  on, when a dev slice of train chose its L2 and steps). And each is kept only if it helps data it was not fitted
+  on (``temperature_rule``): across folds of that pool, a temperature fitted on the other folds must lower the
+  held-out loss it minimises (KL to the soft gold for the probabilities, the log loss of the gold answer for the
+  confidence) without raising the held-out ECE of what it sets (the top probability, the confidence field);
+  otherwise T = 1. ``HeldOutCalibration`` shows both ways: the temperatures as fitted and after the rule.
 
 Why validation only: temperatures fitted on the training split see a model that fits its own data too well, so
 they come out near 1 (or below) and leave it over-confident on new inputs.
@@ -35,6 +43,7 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from .data import QUESTION_TYPES, Split
+from .fitting import cross_fit
 from .heads import calibrated, soft_cross_entropy, targets
 from .metrics import Scores, expected_calibration_error, reliability_bins, score
 
@@ -42,6 +51,8 @@ BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not i
 TARGETS = ("label", "distribution")  # fit against the gold answer (for ECE) or the soft gold (for KL)
 CALIBRATIONS = ("both", *TARGETS)  # both: probabilities to the distribution, the confidence field to the answer
 ECE_BIN_CHOICES = (10, 15)  # ECE moves with the binning: report both
+CALIBRATION_FOLDS = 5  # small data: folds of train cross-fitted, and folds of the pool the rule is decided on
+STAGES = ("before", "as fitted", "after")  # T = 1, the temperatures as fitted, and after the rule (small data)
 
 
 @dataclass
@@ -81,11 +92,57 @@ class DecisionLogits:
                     out[i][g["question"]] = top[j]
         return out
 
+    def subset(self, positions) -> DecisionLogits:
+        """The decisions of the cases at ``positions`` (in that order)."""
+        new = {int(i): j for j, i in enumerate(positions)}
+        out = DecisionLogits(Split(self.cases.name, [self.cases[i] for i in new], self.cases.source))
+        for g in self.groups:
+            kept = [j for j, i in enumerate(g["rows"]) if i in new]
+            if kept:
+                out.groups.append({**g, "rows": [new[g["rows"][j]] for j in kept],
+                                   **{key: g[key][kept] for key in ("logits", "gold", "label")}})
+        return out
+
+    def tempered(self, temperatures: dict[str, float]) -> DecisionLogits:
+        """The same decisions with each group's logits divided by its type's temperature (then read at T = 1)."""
+        return DecisionLogits(self.cases, [{**g, "logits": g["logits"] / temperatures[g["type"]]} for g in self.groups])
+
+    @staticmethod
+    def joined(parts: list[DecisionLogits], name: str) -> DecisionLogits:
+        """The cases of ``parts`` one after the other, with their decisions."""
+        cases: list = []
+        groups: list[dict] = []
+        for part in parts:
+            groups += [{**g, "rows": [len(cases) + i for i in g["rows"]]} for g in part.groups]
+            cases += part.cases.cases
+        return DecisionLogits(Split(name, cases, parts[0].cases.source), groups)
+
 
 @torch.no_grad()
 def decision_logits(model, cases: Split) -> DecisionLogits:
     """Run ``model`` on ``cases`` once and keep the raw head outputs beside the gold."""
-    output = model.split_output(cases)
+    return _from_output(model, cases, model.split_output(cases))
+
+
+def out_of_fold_logits(model, train: Split, folds: int = CALIBRATION_FOLDS) -> DecisionLogits:
+    """Every case of ``train`` (the cases ``model``'s heads were fitted on) scored by heads, and a hybrid's trees,
+    fitted without it on the other ``folds`` folds by ``model.head_recipe`` (``fitting.cross_fit``): predictions as
+    held out as validation's, and many more of them. Cases come fold by fold."""
+    if not model.backbone.frozen or model.head_recipe is None:
+        raise ValueError("out-of-fold logits need heads fitted on a frozen backbone by a known recipe "
+                         "(model.head_recipe); a fine-tuned model has none: calibrate it on validation")
+    features = model.split_features(train)
+    parts = []
+    for fold in cross_fit(model, train, features, folds, structured=model.structured is not None):
+        held = Split(train.name, [train[i] for i in fold.held], train.source)
+        with torch.no_grad():
+            output = model.read(features[fold.held], held.case_workflows, heads=fold.heads, states=held.states,
+                                structured=fold.structured)
+        parts.append(_from_output(model, held, output))
+    return DecisionLogits.joined(parts, f"{train.name} (out of fold)")
+
+
+def _from_output(model, cases: Split, output) -> DecisionLogits:
     target = targets(cases)
     result = DecisionLogits(cases)
     for workflow, per_question in output.logits.items():
@@ -245,3 +302,149 @@ def calibrate(model, validation: Split, *others: Split, per_type: bool = True, t
     model.temperatures.update(temperatures)
     model.confidence_temperatures = confidence
     return CalibrationReport(fits, temperatures, confidence, scores)
+
+
+@dataclass
+class TemperatureRule:
+    """What ``temperature_rule`` decided on a pool of held-out predictions: the temperatures fitted on all of it,
+    those kept, and the cross-validated evidence for each."""
+
+    name: str  # what the pool's held-out predictions are called in a table
+    fits: list[TemperatureFit]  # on the whole pool, to the soft gold and to the answer
+    fitted: dict[str, float]  # the probabilities' temperatures as fitted, per question type
+    fitted_confidence: dict[str, float]  # the confidence field's, as fitted
+    temperatures: dict[str, float]  # the probabilities' after the rule (1.0 where a fitted one did not help)
+    confidence_temperatures: dict[str, float]  # the confidence field's after the rule
+    decisions: pd.DataFrame  # (temperature of, question type) -> fitted T, held-out loss and ECE each way, kept, why
+    scores: dict[str, Scores]  # the pool's held-out predictions: "before" (T = 1) and "as fitted" (each fold's T)
+
+
+def temperature_rule(pool: DecisionLogits, folds: int = CALIBRATION_FOLDS,
+                     bounds: tuple[float, float] = BOUNDS) -> TemperatureRule:
+    """Fit the temperatures per question type on ``pool`` (probabilities to the soft gold, confidence to the answer,
+    as ``calibrate`` does), and keep each only if it helps held-out predictions: split the cases into ``folds``
+    folds, fit on the other folds, read each fold at its fitted temperatures and at T = 1, and pool the folds. A
+    probabilities' temperature is kept when its held-out KL is lower than at T = 1 and the held-out ECE of the top
+    probability is not higher; a confidence temperature when the held-out log loss of the gold answer is lower and
+    the held-out ECE of the confidence field is not higher. Otherwise T = 1. (A yes/no answer carries no separate
+    confidence: its confidence temperature is 1.)"""
+    fold = np.random.default_rng(0).permutation(len(pool.cases)) % folds
+    held, tempered = [], {target: [] for target in TARGETS}
+    for k in range(folds):
+        inside, out = pool.subset(np.flatnonzero(fold != k)), pool.subset(np.flatnonzero(fold == k))
+        held.append(out)
+        for target in TARGETS:
+            tempered[target].append(out.tempered(_fit(inside, True, target, bounds)[1]))
+    name = f"held out ({folds}-fold)"
+    raw = DecisionLogits.joined(held, name)
+    tempered = {target: DecisionLogits.joined(parts, name) for target, parts in tempered.items()}
+    ones = dict.fromkeys(QUESTION_TYPES, 1.0)
+    scores = {"before": score(raw.cases, raw.predictions(ones)),
+              "as fitted": score(raw.cases, tempered["distribution"].predictions(ones),
+                                 tempered["label"].confidences(ones))}
+    fits, fitted = _fit(pool, True, "distribution", bounds)
+    label_fits, fitted_confidence = _fit(pool, True, "label", bounds)
+    kept = {"distribution": dict(ones), "label": dict(ones)}
+    rows = {}
+    for t in sorted({g["type"] for g in pool.groups}):
+        b, f = (scores[stage].decisions[scores[stage].decisions["type"] == t] for stage in ("before", "as fitted"))
+        checks = [("probabilities", "distribution", fitted, "KL", b["kl"].mean(), f["kl"].mean(),
+                   expected_calibration_error(b["confidence"], b["correct"]),
+                   expected_calibration_error(f["confidence"], f["correct"]))]
+        if t != "noul":
+            checks.append(("confidence", "label", fitted_confidence, "log loss of the answer",
+                           raw.nll(ones, (t,), "label"), tempered["label"].nll(ones, (t,), "label"),
+                           expected_calibration_error(b["answer_confidence"], b["correct"]),
+                           expected_calibration_error(f["answer_confidence"], f["correct"])))
+        for of, target, temperatures, loss, loss_one, loss_fitted, ece_one, ece_fitted in checks:
+            keep = bool(loss_fitted < loss_one and ece_fitted <= ece_one)
+            if keep:
+                kept[target][t] = temperatures[t]
+            why = (f"lowers {loss}, ECE not higher" if keep else
+                   f"{loss} not lower" if loss_fitted >= loss_one else "raises ECE")
+            rows[(of, t)] = {"fitted T": temperatures[t], "held-out loss": loss, "loss at T = 1": loss_one,
+                             "loss at fitted T": loss_fitted, "ECE at T = 1": ece_one, "ECE at fitted T": ece_fitted,
+                             "kept": keep, "T after the rule": kept[target][t], "why": why}
+    decisions = pd.DataFrame.from_dict(rows, orient="index")
+    decisions.index.names = ["temperature of", "type"]
+    return TemperatureRule(name, fits + label_fits, fitted, fitted_confidence, kept["distribution"], kept["label"],
+                           decisions, scores)
+
+
+@dataclass
+class HeldOutCalibration(CalibrationReport):
+    """``calibrate_out_of_fold``'s report. ``table()``: each scored split "before" (T = 1), "as fitted" and "after"
+    the rule, and the pool's held-out predictions (the rule's evidence) before and as fitted; ``rule_table()``:
+    which temperature was kept, and why; ``temperature_table()``: the fits on the whole pool."""
+
+    rule: TemperatureRule
+    fitted_on: dict[str, int]  # cases of each part of the pool, and the folds
+
+    def rule_table(self) -> pd.DataFrame:
+        return self.rule.decisions
+
+    def summary(self, split: str) -> str:
+        """One line: ``split``'s KL and ECE at T = 1, as fitted and after the rule, and the temperatures kept."""
+        rows = self.table().loc[split]
+        kept = self.rule.decisions[self.rule.decisions["kept"]]
+        return (f"{split} KL " + ", ".join(f"{rows.loc[s, 'kl']:.3f} {s}" for s in STAGES) + "; ECE "
+                + ", ".join(f"{rows.loc[s, 'ece (10 bins)']:.3f} {s}" for s in STAGES) + "; temperatures kept: "
+                + (", ".join(f"{of} of {t} answers T = {row['fitted T']:.2f}" for (of, t), row in kept.iterrows())
+                   or "none (T = 1)"))
+
+
+def calibrate_out_of_fold(model, train: Split, validation: Split, *others: Split, folds: int = CALIBRATION_FOLDS,
+                          bounds: tuple[float, float] = BOUNDS) -> HeldOutCalibration:
+    """Calibrate on small data: fit the temperatures on held-out predictions of ``train`` (the cases the heads were
+    fitted on, each scored by heads cross-fitted without it: ``out_of_fold_logits``) and of ``validation`` (scored
+    by the model, which must not have chosen anything on it), keep each only where ``temperature_rule`` finds it
+    helps held-out data, and set those on ``model``. ``others`` (the test split, say) are only scored: at T = 1, at
+    the temperatures as fitted and after the rule."""
+    seen = set(train.ids)
+    for cases in (validation, *others):
+        shared = sorted(set(cases.ids) & seen)
+        if shared:
+            raise ValueError(f"{len(shared)} cases of {cases.name!r} (ids {shared[:3]}) are also in a split before "
+                             "it; expected train, validation and each split scored to hold cases of their own")
+        seen |= set(cases.ids)
+    pool = DecisionLogits.joined([out_of_fold_logits(model, train, folds), decision_logits(model, validation)],
+                                 f"{train.name} (out of fold) + {validation.name}")
+    rule = temperature_rule(pool, folds, bounds)
+    scores = {(rule.name, stage): s for stage, s in rule.scores.items()}
+    stages = dict(zip(STAGES, ((dict.fromkeys(QUESTION_TYPES, 1.0), None),
+                               (rule.fitted, rule.fitted_confidence),
+                               (rule.temperatures, rule.confidence_temperatures))))
+    for cases in others:
+        logits = decision_logits(model, cases)
+        for stage, (temperatures, confidence) in stages.items():
+            scores[(cases.name, stage)] = score(cases, logits.predictions(temperatures),
+                                                None if confidence is None else logits.confidences(confidence))
+    model.temperatures.update(rule.temperatures)
+    model.confidence_temperatures = rule.confidence_temperatures
+    return HeldOutCalibration(rule.fits, rule.temperatures, rule.confidence_temperatures, scores, rule,
+                              {f"{train.name} (out of fold)": len(train), validation.name: len(validation),
+                               "folds": folds})
+
+
+def split_uses(p) -> pd.DataFrame:
+    """What each split of preset ``p``'s data (a preset or its name) is used for when its heads are trained and
+    calibrated on small data (``calibrate_out_of_fold``), and its cases. With a dev slice (``dev_per_workflow``), it
+    picks L2 and steps and the validation split is left to calibration; without one, validation does both."""
+    from .presets import preset
+    from .training import held_out_test, training_pool, training_splits
+
+    p = preset(p) if isinstance(p, str) else p
+    _, dev, validation = training_splits(p)
+    train, test = training_pool(p), held_out_test(p)
+    if dev is validation:
+        rows = {"train": (len(train), "fits the heads; scored out of fold for the temperatures"),
+                "validation": (len(validation), "picks L2 and steps, and fits the temperatures")}
+    else:
+        rows = {"train": (len(train), "fits the heads (without its dev slice while L2 and steps are picked); "
+                                      "scored out of fold for the temperatures"),
+                "dev (a slice of train)": (len(dev), "picks L2 and steps"),
+                "validation": (len(validation), "fits the temperatures, with train out of fold; nothing else")}
+    rows["test"] = (len(test), "scored only")
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=["cases", "used for"])
+    table.index.name = "split"
+    return table

@@ -386,6 +386,7 @@ class LengthStats:
 
 
 def token_lengths(split: Split, tokenizer) -> LengthStats:
-    """Count the tokens of every rendered case in ``split``."""
-    lengths = np.array([len(ids) for ids in tokenizer(split.texts)["input_ids"]])
+    """Count the tokens of every rendered case in ``split``, past the backbone's maximum too (``verbose=False``: the
+    tokenizer's warning about a sequence longer than that is for inputs fed to the model, and this one is not)."""
+    lengths = np.array([len(ids) for ids in tokenizer(split.texts, verbose=False)["input_ids"]])
     return LengthStats(split.name, lengths, [c.workflow for c in split])

@@ -114,12 +114,10 @@ def dev_scores(core: DecisionModel, dev: Split) -> dict:
                                                                      for g in q.values())}
 
 
-def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, out: Path, history: list,
-             best: float, l2: float, resume: bool, progress: bool) -> tuple[list, float, int]:
-    """Stage 2: the backbone (all of it, or LoRA adapters) and the heads together; the dev slice is scored every
-    ``eval_every`` steps, the best step is saved to ``out``, and a checkpoint lets an interrupted run resume."""
+def prepare(model: DecisionModel, p: Preset):
+    """Make the backbone trainable as ``p.mode`` says (every weight, or LoRA adapters), freeze or free the heads, and
+    build the optimizer: the backbone and the heads at their own rates. Returns ``(accelerator, optimizer)``."""
     from accelerate import Accelerator
-    from transformers import get_cosine_schedule_with_warmup
 
     if p.mode == "full":
         model.unfreeze_backbone()
@@ -135,7 +133,47 @@ def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, ou
         groups.append({"params": list(model.heads.parameters()), "lr": p.finetune_head_lr, "weight_decay": 0.0})
     optimizer = torch.optim.AdamW(groups)
     optimizer.zero_grad()  # stage 1 leaves its last gradients on the heads: the first step must not add them
-    lengths = [min(n, model.spec.max_length) for n in token_lengths(train_split, model.backbone.tokenizer).lengths]
+    return accelerator, optimizer
+
+
+def optimizer_step(model, accelerator, optimizer, scheduler, plan: list[list[int]], train_split: Split, p: Preset,
+          l2: float) -> float:
+    """One optimizer step over ``plan``'s micro-batches (gradients accumulated, clipped); returns its data loss."""
+    core = accelerator.unwrap_model(model)
+    core.train()
+    workflows = train_split.case_workflows
+    decisions = sum(len(train_split[i].questions) for micro in plan for i in micro)
+    data_loss = 0.0
+    for k, rows in enumerate(plan):
+        target = targets(train_split, rows, core.backbone.device)
+        output = model(**core.tokenize([train_split[i].text for i in rows]),
+                       workflows=[workflows[i] for i in rows], target=target, ordinal=p.ordinal)
+        loss = output.loss * (target.decisions / decisions)
+        if p.finetune_head_lr > 0:
+            loss = loss + l2 * weight_norm(core.heads) / len(plan)
+        with accelerator.no_sync(model) if k < len(plan) - 1 else nullcontext():
+            accelerator.backward(loss)
+        plain = decision_loss(core.schema, output.logits, target) if p.ordinal else output.loss  # no ordinal term
+        data_loss += plain.item() * target.decisions / decisions
+    accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+    return data_loss
+
+
+def cut_lengths(model: DecisionModel, cases: Split) -> list[int]:
+    return [min(n, model.spec.max_length) for n in token_lengths(cases, model.backbone.tokenizer).lengths]
+
+
+def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, out: Path, history: list,
+             best: float, l2: float, resume: bool, progress: bool) -> tuple[list, float, int]:
+    """Stage 2: the backbone (all of it, or LoRA adapters) and the heads together; the dev slice is scored every
+    ``eval_every`` steps, the best step is saved to ``out``, and a checkpoint lets an interrupted run resume."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    accelerator, optimizer = prepare(model, p)
+    lengths = cut_lengths(model, train_split)
     workflows = train_split.case_workflows
     per_epoch = math.ceil(len(train_split) / p.batch_size)
     total = max(1, round(p.epochs * per_epoch))
@@ -154,24 +192,7 @@ def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, ou
     while step < total and not (p.patience and stale >= p.patience):
         epoch, within = divmod(step, per_epoch)
         plan = mixed_steps(workflows, lengths, p.batch_size, p.micro_batch, p.seed + epoch)[within]
-        core.train()
-        decisions = sum(len(train_split[i].questions) for micro in plan for i in micro)
-        data_loss = 0.0
-        for k, rows in enumerate(plan):
-            target = targets(train_split, rows, core.backbone.device)
-            output = model(**core.tokenize([train_split[i].text for i in rows]),
-                           workflows=[workflows[i] for i in rows], target=target, ordinal=p.ordinal)
-            loss = output.loss * (target.decisions / decisions)
-            if p.finetune_head_lr > 0:
-                loss = loss + l2 * weight_norm(core.heads) / len(plan)
-            with accelerator.no_sync(model) if k < len(plan) - 1 else nullcontext():
-                accelerator.backward(loss)
-            plain = decision_loss(core.schema, output.logits, target) if p.ordinal else output.loss  # no ordinal term
-            data_loss += plain.item() * target.decisions / decisions
-        accelerator.clip_grad_norm_(model.parameters(), p.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
+        data_loss = optimizer_step(model, accelerator, optimizer, scheduler, plan, train_split, p, l2)
         step += 1
         bar.update()
         history.append({"stage": p.mode, "step": step, "epoch": step / per_epoch, "train_loss": data_loss,

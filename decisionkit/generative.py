@@ -13,6 +13,14 @@ Per request: the latency, the time to the first token, the tokens produced, whet
 every question answered by a valid option, whether a ``<think>`` block appeared, and how many answers match the
 gold. A generated answer is one option, with no distribution: its KL and ECE are not defined (``ab_test``
 reports them for the methods that give probabilities).
+
+Every method computes in the backbone's compute dtype, ``backbone.precision`` (what ``precision.choose`` picked for
+the device when the backbone loaded), through its one context, ``Precision.autocast()``: the decision pass enters it
+in ``features.hidden_states``, generation and option scoring here. ``ComputeDtype`` notes the dtype the backbone's
+first linear layer really produced during each method, so the A/B records it per request instead of assuming it.
+
+None of the generative baselines is trained: they ask the backbone as it is (zero-shot). ``training_cost`` measures
+what training one on the gold replies would cost here, at least, so that a notebook can say why none was.
 """
 
 from __future__ import annotations
@@ -26,18 +34,49 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from . import settings
 from .data import Case, Question, Split
-from .latency import Timing, decision_timings, synchronize, time_calls
+from .latency import Timing, synchronize, time_calls
 from .metrics import Scores, expected_calibration_error, score
+from .precision import Precision
 
 SYSTEM = ("You read a workflow state and answer every question about it. Reply with one JSON object only, "
           "mapping each question id to its answer, and nothing else.")
 THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+WARMUP = 1  # untimed calls before each method's timed ones (the first call pays one-time costs)
+TAIL_TIMINGS = 100  # a p99 needs at least this many timings; below it the tables show p90
+
+
+def tail_percentile(timings: int) -> int:
+    """The tail percentile a table can show from ``timings`` samples: 99 from ``TAIL_TIMINGS`` on, else 90."""
+    return 99 if timings >= TAIL_TIMINGS else 90
+
+
+class ComputeDtype:
+    """While entered, notes the dtype the backbone's first linear layer produces on every forward pass (bfloat16
+    under bfloat16 autocast, float32 without it): the dtype a method really computed in. ``dtype`` joins what was
+    seen ("none" if the backbone never ran)."""
+
+    def __init__(self, backbone):
+        self.layer = next(m for m in backbone.body.modules() if isinstance(m, nn.Linear))
+        self.seen: set[str] = set()
+
+    def __enter__(self) -> "ComputeDtype":
+        self.handle = self.layer.register_forward_hook(
+            lambda module, args, out: self.seen.add(str(out.dtype).removeprefix("torch.")))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+    @property
+    def dtype(self) -> str:
+        return "+".join(sorted(self.seen)) or "none"
 
 
 def allowed(question: Question) -> str:
@@ -158,15 +197,17 @@ class Generation:
 
 @torch.inference_mode()
 def generate_json(backbone, case: Case, max_new_tokens: int, constrained: bool = False) -> Generation:
-    """Greedy decoding of the JSON answer, at most ``max_new_tokens`` tokens; ``constrained``: through the answers'
-    JSON schema (the constraint's setup is part of the request, and of its time)."""
+    """Greedy decoding of the JSON answer, at most ``max_new_tokens`` tokens, in the backbone's compute dtype;
+    ``constrained``: through the answers' JSON schema (the constraint's setup is part of the request, and of its
+    time)."""
     start = time.perf_counter()
     inputs = backbone.tokenizer(json_prompt(backbone, case), return_tensors="pt", add_special_tokens=False)
     inputs = inputs.to(backbone.device)
     clock = FirstTokenClock(backbone.device)
     processors = LogitsProcessorList([SchemaConstraint(backbone.tokenizer, answer_schema(case))] if constrained else [])
-    out = backbone.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=clock,
-                                  logits_processor=processors, pad_token_id=backbone.tokenizer.eos_token_id)
+    with backbone.precision.autocast():
+        out = backbone.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=clock,
+                                      logits_processor=processors, pad_token_id=backbone.tokenizer.eos_token_id)
     synchronize(backbone.device)
     end = time.perf_counter()
     new = out[0, inputs["input_ids"].shape[1]:]
@@ -178,17 +219,21 @@ def generate_json(backbone, case: Case, max_new_tokens: int, constrained: bool =
 @dataclass
 class GenerativeResult:
     """One row per request: method ("free" or "constrained"), budget, latency, first token, tokens, parse and
-    validity, correct answers, text. ``table`` adds the decoding cost per token after the first: the prompt's
-    prefill is paid once (the first token), then every token costs one more forward step."""
+    validity, correct answers, the compute dtype, text. ``table`` adds the decoding cost per token after the first:
+    the prompt's prefill is paid once (the first token), then every token costs one more forward step."""
 
     requests: pd.DataFrame
 
     def table(self, by: str | list[str] = ("method", "budget")) -> pd.DataFrame:
+        """Per method and budget: requests, median and tail latency (p99 from ``TAIL_TIMINGS`` requests, else
+        p90), first token, cost per later token, tokens, parse and validity shares, think blocks, accuracy."""
+        keys = list(by) if isinstance(by, tuple) else by
         r = self.requests.assign(ms_per_token=lambda f: (f["latency_ms"] - f["first_token_ms"])
                                  / (f["output_tokens"] - 1).clip(lower=1))
-        return r.groupby(list(by) if isinstance(by, tuple) else by).agg(
+        tail = tail_percentile(int(r.groupby(keys).size().min()))
+        return r.groupby(keys).agg(
             requests=("case", "size"), median_ms=("latency_ms", "median"),
-            p95_ms=("latency_ms", lambda x: float(np.percentile(x, 95))),
+            **{f"p{tail}_ms": ("latency_ms", lambda x: float(np.percentile(x, tail)))},
             first_token_ms=("first_token_ms", "median"), ms_per_token=("ms_per_token", "median"),
             tokens=("output_tokens", "mean"),
             parses=("parses", "mean"), valid=("valid", "mean"), think=("think", "mean"),
@@ -212,7 +257,8 @@ class GenerativeResult:
 def generative_baseline(backbone, cases: Split, budgets=(64, 256), constrained_budget: int | None = None,
                         progress: bool = True) -> GenerativeResult:
     """Generate, time and parse the JSON answers of every case: free at every token budget, and constrained to the
-    answers' schema at ``constrained_budget`` (default: the largest budget; ``0``: not at all)."""
+    answers' schema at ``constrained_budget`` (default: the largest budget; ``0``: not at all). Each request
+    records the dtype the backbone computed in (``ComputeDtype``)."""
     runs = [("free", b) for b in budgets]
     constrained_budget = max(budgets) if constrained_budget is None else constrained_budget
     if constrained_budget:
@@ -222,9 +268,11 @@ def generative_baseline(backbone, cases: Split, budgets=(64, 256), constrained_b
     golds = [{qid: q.options[int(np.argmax(case.gold[qid].probabilities))] for qid, q in case.questions.items()}
              for case in cases]
     for method, budget in runs:
-        generate_json(backbone, cases[0], budget, method == "constrained")  # warm-up
+        for case in list(cases)[:WARMUP]:
+            generate_json(backbone, case, budget, method == "constrained")
         for case, gold in zip(cases, golds):
-            g = generate_json(backbone, case, budget, method == "constrained")
+            with ComputeDtype(backbone) as seen:
+                g = generate_json(backbone, case, budget, method == "constrained")
             answers, problems = parse_answers(g.text, case.questions)
             rows.append({"method": method, "budget": budget, "case": case.id, "workflow": case.workflow,
                          "latency_ms": g.latency_ms, "first_token_ms": g.first_token_ms,
@@ -232,90 +280,193 @@ def generative_baseline(backbone, cases: Split, budgets=(64, 256), constrained_b
                          "parses": not any(p.startswith(("no JSON", "JSON")) for p in problems),
                          "valid": not problems, "think": "<think>" in g.text,
                          "correct": sum(answers.get(q) == a for q, a in gold.items()), "questions": len(gold),
-                         "problems": "; ".join(problems), "text": g.text})
+                         "compute_dtype": seen.dtype, "problems": "; ".join(problems), "text": g.text})
             bar.update()
     bar.close()
     return GenerativeResult(pd.DataFrame(rows))
 
 
-def option_scoring(backbone, cases: Split, max_length: int = 512) -> tuple[Timing, list[dict[str, np.ndarray]]]:
-    """The zero-shot path, timed per case: every question's options scored by the next-token probability of their
-    letters, the state encoded once per case. Returns the timing and the answer distributions."""
+def option_scoring(backbone, cases: Split, max_length: int = 512,
+                   warmup: int = WARMUP) -> tuple[Timing, list[dict[str, np.ndarray]]]:
+    """The zero-shot path, timed per case after ``warmup`` untimed cases, in the backbone's compute dtype: every
+    question's options scored by the next-token probability of their letters, the state encoded once per case.
+    Returns the timing and the answer distributions, in case order."""
     from .zeroshot import zero_shot_predictions
 
-    predictions: list = []
+    predictions: dict[int, dict[str, np.ndarray]] = {}
 
     def one(i: int) -> None:
-        predictions.append(zero_shot_predictions(backbone, Split(cases.name, [cases[i]], cases.source),
-                                                 max_length, progress=False)[0])
+        with backbone.precision.autocast():
+            predictions[i] = zero_shot_predictions(backbone, Split(cases.name, [cases[i]], cases.source),
+                                                   max_length, progress=False)[0]
 
-    timing = time_calls("option scoring (log-prob)", one, range(len(cases)), warmup=0, device=backbone.device)
-    return timing, predictions
+    timing = time_calls("option scoring (log-prob)", one, range(len(cases)), warmup, device=backbone.device)
+    return timing, [predictions[i] for i in range(len(cases))]
 
 
-AB_COLUMNS = ["p50 ms", "p95 ms", "p99 ms", "first token ms", "valid", "accuracy", "kl", "ece", "x decision p50"]
+def gold_reply(case: Case) -> str:
+    """The reply a generative baseline would be trained to write: every question's gold top option as
+    ``answer_schema`` types it (a boolean, an integer level, an option), in the separators it asks for."""
+    values: dict = {}
+    for qid, q in case.questions.items():
+        option = q.options[int(np.argmax(case.gold[qid].probabilities))]
+        values[qid] = option == "true" if q.type == "noul" else int(option) if q.type == "score" else option
+    return json.dumps(values, separators=(", ", ": "))
+
+
+@dataclass
+class TrainingCost:
+    """What training a generative baseline on the gold replies would cost on this machine, at the least: one
+    teacher-forced forward and backward pass per case (JSON prompt + gold reply, the loss on the reply), batch 1,
+    gradients through every layer down to the input embeddings, none for the weights and no optimizer step. LoRA or
+    a full fine-tune pays all of this and more, every epoch."""
+
+    seconds_per_case: float  # median over the timed cases
+    tokens_per_case: float  # median prompt + reply tokens
+    cases_timed: int
+    train_cases: int  # the cases one epoch reads
+    compute_dtype: str  # what the backbone computed in (``ComputeDtype``)
+
+    @property
+    def epoch_minutes(self) -> float:
+        return self.seconds_per_case * self.train_cases / 60
+
+
+def training_cost(backbone, cases: Split, train_cases: int, warmup: int = WARMUP) -> TrainingCost:
+    """Time ``TrainingCost``'s step on each of ``cases`` (after ``warmup`` untimed ones), in the backbone's compute
+    dtype, and scale it to an epoch of ``train_cases``. The backbone's weights stay as they are."""
+    tokenizer, embed = backbone.tokenizer, backbone.model.get_input_embeddings()
+    examples = []
+    for case in cases:
+        prompt = tokenizer(json_prompt(backbone, case), add_special_tokens=False)["input_ids"]
+        reply = tokenizer(gold_reply(case), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids = torch.tensor([prompt + reply], device=backbone.device)
+        examples.append((ids, torch.where(torch.arange(ids.shape[1], device=ids.device) < len(prompt), -100, ids)))
+
+    def step(example: tuple[torch.Tensor, torch.Tensor]) -> None:
+        ids, labels = example
+        with torch.inference_mode(False), torch.enable_grad():
+            with backbone.precision.autocast():
+                inputs = embed(ids).detach().requires_grad_(True)
+                loss = backbone.model(inputs_embeds=inputs, labels=labels).loss
+            loss.backward()
+
+    with ComputeDtype(backbone) as seen:
+        timing = time_calls("teacher-forced forward + backward", step, examples, warmup, backbone.device)
+    return TrainingCost(timing.median / 1e3, float(np.median([ids.shape[1] for ids, _ in examples])), len(cases),
+                        train_cases, seen.dtype)
+
+
+DECISION = "decision model"
+ZERO_SHOT = "no: zero-shot"
+
+
+def how_trained(model) -> str:
+    """What of ``model`` was trained, in a few words, for the A/B's accuracy table: its heads (and a hybrid's trees)
+    on train, its temperatures on validation ("calibrated"), its router ("routed"), and its backbone if it trained."""
+    done = [("backbone + " if not model.backbone.frozen else "")
+            + ("heads + trees on train" if model.structured is not None else "heads on train")]
+    if any(t != 1.0 for t in model.temperatures.values()):
+        done.append("calibrated")
+    if model.router is not None:
+        done.append("routed")
+    return "yes: " + ", ".join(done)
+
+
+def _joined(dtypes: pd.Series) -> str:
+    return "+".join(sorted({d for joined in dtypes for d in joined.split("+")}))
 
 
 @dataclass
 class ABResult:
-    """The decision model against the generative baselines on the same backbone, cases and machine."""
+    """The decision model against the generative baselines on the same backbone, cases, machine and compute dtype."""
 
     requests: pd.DataFrame  # one row per method and case: method, case, workflow, latency_ms, first_token_ms, valid,
-    #                         correct, questions
+    #                         correct, questions, compute_dtype
     scores: dict[str, Scores]  # per method that gives distributions: per-decision accuracy, KL, ECE
+    trained: dict[str, str]  # per method: what was trained ("no: zero-shot ..." for the generative baselines)
+    precision: Precision  # the compute dtype ``precision.choose`` picked for the backbone, and why
     generative: GenerativeResult = field(repr=False)
 
-    def table(self, by: str | None = None) -> pd.DataFrame:
-        """p50 / p95 / p99 latency, time to first token, validity, accuracy, KL and ECE per method (and per
-        ``by``, e.g. "workflow"); the last column is each p50 over the decision model's."""
-        keys = ["method"] + ([by] if by else [])
-        r = self.requests
-        table = r.groupby(keys, sort=False).agg(**{
-            **{f"p{q} ms": ("latency_ms", lambda x, q=q: float(np.percentile(x, q))) for q in (50, 95, 99)},
-            "first token ms": ("first_token_ms", "median"), "valid": ("valid", "mean"),
-            "correct": ("correct", "sum"), "questions": ("questions", "sum")})
-        table["accuracy"] = table.pop("correct") / table.pop("questions")
+    @property
+    def dtypes(self) -> dict[str, str]:
+        """Per method, the dtype its backbone computed in, as ``ComputeDtype`` saw it over every request."""
+        return self.requests.groupby("method", sort=False)["compute_dtype"].agg(_joined).to_dict()
+
+    def _groups(self, by: str | None):
+        return self.requests.groupby(["method"] + ([by] if by else []), sort=False)
+
+    def latency_table(self, by: str | None = None) -> pd.DataFrame:
+        """Per method (and per ``by``, e.g. "workflow"): timings, p50 and tail latency (p99 from ``TAIL_TIMINGS``
+        timings, else p90), time to first token, each p50 over the decision model's, the compute dtype seen."""
+        groups = self._groups(by)
+        tail = tail_percentile(int(groups.size().min()))
+        table = groups.agg(**{
+            "timings": ("latency_ms", "size"), "p50 ms": ("latency_ms", "median"),
+            f"p{tail} ms": ("latency_ms", lambda x: float(np.percentile(x, tail))),
+            "first token ms": ("first_token_ms", "median"), "compute dtype": ("compute_dtype", _joined)})
+        decision = table.loc[DECISION, "p50 ms"]  # one value, or one per ``by`` group
+        table.insert(4, "x decision p50", table["p50 ms"].to_numpy() / (
+            decision.reindex(table.index.get_level_values(by)).to_numpy() if by else float(decision)))
+        return table
+
+    def accuracy_table(self, by: str | None = None) -> pd.DataFrame:
+        """Per method (and per ``by``): whether it was trained, decisions, valid replies, accuracy, and KL and ECE
+        where the method gives probabilities (a generated answer is one option: NaN)."""
+        table = self._groups(by).agg(decisions=("questions", "sum"), valid=("valid", "mean"),
+                                     correct=("correct", "sum"))
+        table["accuracy"] = table.pop("correct") / table["decisions"]
         calibration = {}
         for method, s in self.scores.items():
             for key, d in (s.decisions.groupby(by) if by else [(None, s.decisions)]):
                 calibration[(method, key) if by else method] = {
                     "kl": d["kl"].mean(), "ece": expected_calibration_error(d["confidence"], d["correct"], s.ece_bins)}
         table[["kl", "ece"]] = pd.DataFrame.from_dict(calibration, orient="index").reindex(table.index).to_numpy()
-        decision = table.loc[DECISION, "p50 ms"]  # one value, or one per ``by`` group
-        table["x decision p50"] = table["p50 ms"].to_numpy() / (
-            decision.reindex(table.index.get_level_values(by)).to_numpy() if by else float(decision))
-        return table[AB_COLUMNS]
+        table.insert(0, "trained", [self.trained[m] for m in table.index.get_level_values("method")])
+        return table
+
+    def table(self, by: str | None = None) -> pd.DataFrame:
+        """Both tables side by side, one record of the A/B (``benchmarks/latency_lab.py`` saves it); a notebook
+        shows them apart."""
+        return self.latency_table(by).join(self.accuracy_table(by))
 
     def figure(self):
         from .plots import latency_boxes
 
-        return latency_boxes([Timing(m, g["latency_ms"].to_numpy()) for m, g in
-                              self.requests.groupby("method", sort=False)], "Latency per request, five answers")
-
-
-DECISION = "decision model"
+        timings = [Timing(m, g["latency_ms"].to_numpy()) for m, g in self.requests.groupby("method", sort=False)]
+        return latency_boxes(timings, f"Latency per request (every answer of one case), compute dtype "
+                                      f"{self.precision.dtype}", axis="method")
 
 
 def ab_test(model, cases: Split, budgets=(64, 256), constrained_budget: int | None = None,
             progress: bool = True) -> ABResult:
-    """Time and score, on ``cases``: the decision model (one pass, every answer), option scoring, JSON constrained
-    to the answers' schema, and free JSON at every budget, all on the model's backbone."""
-    decision = decision_timings(model, cases)["tokenize + forward + heads"]
+    """Time and score, on ``cases``, one request at a time after ``WARMUP`` untimed ones: the decision model (its
+    whole ``decide`` call: one pass, every answer, a hybrid's trees on the fields and the router's weight too),
+    option scoring, JSON constrained to the answers' schema, and free JSON at every budget, all on the model's
+    backbone in its one compute dtype (recorded per request)."""
+    backbone = model.backbone
+    states, workflows = cases.states, cases.case_workflows
+    with ComputeDtype(backbone) as decided:
+        decision = time_calls(DECISION, lambda i: model.decide(states[i], workflow=workflows[i]), range(len(cases)),
+                              WARMUP, backbone.device)
     probabilities, confidences = model.outputs(cases)
-    scoring, scored = option_scoring(model.backbone, cases, model.spec.max_length)
-    generated = generative_baseline(model.backbone, cases, budgets, constrained_budget, progress)
+    with ComputeDtype(backbone) as scored_in:
+        scoring, scored = option_scoring(backbone, cases, model.spec.max_length)
+    generated = generative_baseline(backbone, cases, budgets, constrained_budget, progress)
     gold = [{qid: int(np.argmax(c.gold[qid].probabilities)) for qid in c.questions} for c in cases]
 
-    def rows(method: str, timing: Timing, predictions) -> list[dict]:
+    def rows(method: str, timing: Timing, predictions, dtype: str) -> list[dict]:
         return [{"method": method, "case": c.id, "workflow": c.workflow, "latency_ms": ms, "first_token_ms": np.nan,
                  "valid": True, "correct": sum(int(np.argmax(p[q])) == g[q] for q in c.questions),
-                 "questions": len(c.questions)} for c, ms, p, g in zip(cases, timing.samples_ms, predictions, gold)]
+                 "questions": len(c.questions), "compute_dtype": dtype}
+                for c, ms, p, g in zip(cases, timing.samples_ms, predictions, gold)]
 
     g = generated.requests.assign(method=lambda f: np.where(f["method"] == "constrained", "constrained JSON",
                                                             "free JSON, " + f["budget"].astype(str) + " tokens"))
-    requests = pd.concat([pd.DataFrame(rows(DECISION, decision, probabilities)),
-                          pd.DataFrame(rows(scoring.name, scoring, scored)),
+    requests = pd.concat([pd.DataFrame(rows(DECISION, decision, probabilities, decided.dtype)),
+                          pd.DataFrame(rows(scoring.name, scoring, scored, scored_in.dtype)),
                           g[["method", "case", "workflow", "latency_ms", "first_token_ms", "valid", "correct",
-                             "questions"]]], ignore_index=True)
+                             "questions", "compute_dtype"]]], ignore_index=True)
+    trained = {m: how_trained(model) if m == DECISION else ZERO_SHOT for m in requests["method"].unique()}
     return ABResult(requests, {DECISION: score(cases, probabilities, confidences), scoring.name: score(cases, scored)},
-                    generated)
+                    trained, backbone.precision, generated)

@@ -8,6 +8,8 @@
   each timed: what the first request after a deploy waits for.
 - ``head_scaling`` and ``naive_scaling``: the cost of one more question, on one shared encoding (extra heads)
   against one prompt and one forward pass per question; ``Scaling.slope_ms`` is the fitted cost per question.
+  ``question_costs`` adds a hybrid's trees: each more question is a head and its trees, mixed; ``head_costs`` sets
+  backbones side by side; ``decide_timings`` times the whole ``decide`` call asking 1 or all questions, in turns.
 - ``speed_table``: every way to run the decision pass (``SPEED_VARIANTS``: float32 and bfloat16, batch 1, 4 and
   16, int8 in torch and in ONNX Runtime with heads re-fitted on their features, ONNX Runtime float32, another
   backbone), each against float32 at batch 1 and against its arithmetic floor: the forward pass's FLOPs over this
@@ -199,11 +201,91 @@ def head_scaling(model, text: str, counts=(1, 2, 4, 8, 16, 32, 64), options: int
                    [encode_ms + _median_ms(lambda: answer(n), repeats, device) for n in counts]), encode_ms
 
 
-def head_costs(scalings: dict[str, tuple[Scaling, float]]) -> pd.DataFrame:
-    """Per backbone (name -> ``head_scaling``'s result): the encoding, one more head, and the head's share of it."""
-    return pd.DataFrame({name: {"encoding ms": encode_ms, "one more head (µs)": scaling.slope_ms * 1e3,
-                                "head / encoding": scaling.slope_ms / encode_ms}
-                         for name, (scaling, encode_ms) in scalings.items()}).T
+@dataclass
+class QuestionCosts:
+    """What more questions about one state cost a model (``question_costs``): the encoding, n heads on it, and for a
+    hybrid n heads each with its trees, mixed as the model mixes them, after the state's fields are read once."""
+
+    backbone: str
+    encode_ms: float  # median of the encoding alone: tokens to standardized pooled features
+    heads: Scaling  # the encoding + n heads and their softmax
+    trees: Scaling | None = None  # a hybrid's: the encoding + the fields + n heads with their trees; None: heads only
+    fields_ms: float | None = None  # a hybrid's: reading the state's fields once (encode + surprise), every n shares it
+
+    def table(self) -> pd.DataFrame:
+        """Milliseconds per number of questions, beyond the encoding: the heads alone and, for a hybrid, the heads
+        with their trees (the fields read once included)."""
+        table = pd.DataFrame({"heads only (ms)": np.asarray(self.heads.ms) - self.encode_ms}, index=self.heads.counts)
+        if self.trees is not None:
+            table["heads + trees (ms)"] = np.asarray(self.trees.ms) - self.encode_ms
+        return table.rename_axis("questions")
+
+
+@torch.inference_mode()
+def question_costs(model, case, counts=(1, 2, 4, 8, 16, 32, 64), repeats: int = 200) -> QuestionCosts:
+    """``head_scaling`` on ``case``'s text and, for a hybrid model, the same questions with their trees: each of n
+    heads gets the trees and mixing weight of one of the workflow's real questions in turn (the trees' cost depends
+    on their size, so the real ones are timed), mixed through ``StructuredPart.mix`` after one read of the state's
+    fields (``Fields.encode`` and ``surprise``), as ``decide`` reads them. Heads are synthetic as in
+    ``head_scaling``, with each tree's number of options."""
+    from .structured import StructuredPart
+
+    heads, encode_ms = head_scaling(model, case.text, counts, repeats=repeats)
+    name = model.backbone.name.split("/")[-1]
+    part = model.structured
+    if part is None:
+        return QuestionCosts(name, encode_ms, heads)
+    device, workflow = model.backbone.device, case.workflow
+    real = list(part.trees[workflow])
+    asked = [(f"{real[i % len(real)]} #{i}", real[i % len(real)]) for i in range(max(counts))]
+    synthetic = StructuredPart({workflow: part.fields[workflow]},
+                               {workflow: {q: part.trees[workflow][r] for q, r in asked}},
+                               {workflow: {q: part.weights[workflow][r] for q, r in asked}})
+    features = model.encode(model.tokenize([case.text]))
+    linear = {q: nn.Linear(features.shape[-1], part.trees[workflow][r].options).to(device) for q, r in asked}
+    fields = part.fields[workflow]
+    fields_ms = _median_ms(lambda: fields.surprise([case.state], fields.encode([case.state])), repeats, device)
+
+    def answer(n: int) -> None:
+        logits = {workflow: {q: linear[q](features) for q, _ in asked[:n]}}
+        mixed, _ = synthetic.mix(logits, [case.state], {workflow: [0]})
+        for z in mixed[workflow].values():
+            torch.softmax(z, dim=-1)
+
+    answer(max(counts))  # warm-up
+    trees = Scaling("shared encoding + n heads with their trees", list(counts),
+                    [encode_ms + _median_ms(lambda: answer(n), repeats, device) for n in counts])
+    return QuestionCosts(name, encode_ms, heads, trees, fields_ms)
+
+
+@torch.inference_mode()
+def decide_timings(model, case, counts=(1, 5), calls: int = 100, warmup: int = 2) -> LatencyResult:
+    """``model.decide`` on ``case``, end to end (tokenization, the forward pass, the heads, a hybrid's fields and
+    trees, a router's distance, the System One answers), asking the first n of its questions for each n of
+    ``counts``, ``calls`` times each. The counts take turns call by call, so a drift in the machine's speed falls on
+    each alike."""
+    questions = [(q, x.to_json()) for q, x in case.questions.items()]
+    if max(counts) > len(questions):
+        raise ValueError(f"counts asks up to {max(counts)} questions; case {case.id} has {len(questions)}")
+    asked = {n: dict(questions[:n]) for n in counts}
+    order = [n for _ in range(calls) for n in counts]
+    timing = time_calls("decide", lambda n: model.decide(case.state, asked[n], workflow=case.workflow), order, warmup,
+                        model.backbone.device)
+    return LatencyResult([Timing(f"decide, {n} question{'s' * (n > 1)}", timing.samples_ms[np.asarray(order) == n])
+                          for n in counts])
+
+
+def head_costs(costs: Sequence[QuestionCosts]) -> pd.DataFrame:
+    """Per backbone (``question_costs``' results): the encoding, one more head, one more question with its trees, the
+    fields read once, and what one more question costs against the encoding."""
+    rows = {}
+    for c in costs:
+        rows[c.backbone] = {"encoding (ms)": c.encode_ms, "one more head (µs)": c.heads.slope_ms * 1e3,
+                            "one more head + trees (µs)": np.nan if c.trees is None else c.trees.slope_ms * 1e3,
+                            "fields, once (µs)": np.nan if c.fields_ms is None else c.fields_ms * 1e3,
+                            "head / encoding": c.heads.slope_ms / c.encode_ms,
+                            "head + trees / encoding": np.nan if c.trees is None else c.trees.slope_ms / c.encode_ms}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 @torch.inference_mode()

@@ -117,6 +117,48 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: l
     return Scores(pd.DataFrame(rows), ece_bins)
 
 
+def _ece_sums(confidence: np.ndarray, correct: np.ndarray, picked: np.ndarray, bins: int) -> float:
+    """``expected_calibration_error`` of the decisions at ``picked`` (repeats count): with equal-width bins it is
+    sum over bins of |correct - confidence| summed in the bin, over the decisions."""
+    index = np.minimum((confidence[picked] * bins).astype(int), bins - 1)
+    gap = np.bincount(index, correct[picked] - confidence[picked], minlength=bins)
+    return float(np.abs(gap).sum() / len(picked))
+
+
+PAIRED_METRICS = ("accuracy", "kl", "brier", "ece")  # what paired_difference compares
+
+
+def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", resamples: int = 2000,
+                      level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``after`` minus ``before`` on the same decisions: the difference in ``metric`` (one of ``PAIRED_METRICS``;
+    ``ece`` over ``before``'s bins) and its percentile bootstrap interval at ``level``. Cases are resampled, the
+    same cases for both, not decisions: a case's questions share one state, so they are not independent draws."""
+    if metric not in PAIRED_METRICS:
+        raise ValueError(f"metric is {metric!r}; expected one of {', '.join(PAIRED_METRICS)}")
+    key = ["case", "question"]
+    a, b = (s.decisions.set_index(key).sort_index() for s in (before, after))
+    if not a.index.equals(b.index):
+        raise ValueError("the two Scores hold different decisions: score both on the same cases")
+    if metric == "ece":
+        arrays = [(d["confidence"].to_numpy(float), d["correct"].to_numpy(float)) for d in (a, b)]
+
+        def difference(picked):
+            return (_ece_sums(*arrays[1], picked, before.ece_bins) - _ece_sums(*arrays[0], picked, before.ece_bins))
+    else:
+        column = "correct" if metric == "accuracy" else metric
+        delta = b[column].to_numpy(float) - a[column].to_numpy(float)
+
+        def difference(picked):
+            return float(delta[picked].mean())
+    codes, _ = pd.factorize(a.index.get_level_values("case"))
+    rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
+    rng = np.random.default_rng(seed)
+    draws = [difference(np.concatenate([rows[k] for k in rng.integers(0, len(rows), len(rows))]))
+             for _ in range(resamples)]
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return difference(np.arange(len(a))), float(low), float(high)
+
+
 def uniform_predictions(cases: Split) -> list[dict[str, np.ndarray]]:
     """Every option equally likely: the benchmark's "Uniform" reference row."""
     return [{qid: np.full(len(q.options), 1 / len(q.options)) for qid, q in c.questions.items()} for c in cases]

@@ -99,7 +99,9 @@ def learning_curve_figure(curve) -> go.Figure:
                     col=2)
     fig.add_scatter(x=rows.index, y=rows["train cross-entropy"], mode="lines+markers", name="train", row=1, col=2)
     fig.add_hline(y=curve.floor, line_dash="dot", annotation_text="gold entropy (floor)", row=1, col=2)
-    fig.update_xaxes(type="log", title="train cases")
+    fig.update_xaxes(type="log", title="train cases (log scale)")
+    fig.update_yaxes(title="accuracy on the held-out cases", row=1, col=1)
+    fig.update_yaxes(title="cross-entropy (nats per decision)", row=1, col=2)
     return fig.update_layout(template=TEMPLATE, title="Heads on frozen features: more data, same features")
 
 
@@ -119,6 +121,16 @@ def finetune_curves(histories: dict) -> go.Figure:
                         line_color=color, legendgroup=name, row=1, col=2)
     fig.update_xaxes(title="epoch of fine-tuning")
     return fig.update_layout(template=TEMPLATE, title="Fine-tuning, scored on the dev slice")
+
+
+def ladder_bars(by_workflow) -> go.Figure:
+    """Test accuracy per workflow (x), one bar per model (``report.Ladder.by_workflow``'s columns)."""
+    fig = go.Figure()
+    for k, name in enumerate(by_workflow.columns):
+        fig.add_bar(x=list(by_workflow.index), y=by_workflow[name], name=name, marker_color=PALETTE[k % len(PALETTE)])
+    fig.update_yaxes(title="test accuracy", range=[0, 1])
+    fig.update_xaxes(title="workflow")
+    return fig.update_layout(template=TEMPLATE, barmode="group", title="Where each model is strong: accuracy by workflow")
 
 
 def training_curves(history) -> go.Figure:
@@ -196,53 +208,64 @@ def score_distributions(scores, score: str, threshold: float | None = None, huma
     if threshold is not None:
         fig.add_hline(y=threshold, line_dash="dash",
                       annotation_text=f"threshold: {'below' if human_below else 'above'} goes to a human")
-    return fig.update_layout(showlegend=False)
+    # spanmode "hard": each violin ends at its set's extreme values, so the density never spills past what the
+    # score can take (a confidence above 1, a distance below 0)
+    fig.update_traces(spanmode="hard")
+    return fig.update_layout(showlegend=False, xaxis_title="input set", yaxis_title=f"{score} (one point per input)")
 
 
-def answer_bars(answers: dict) -> go.Figure:
+def answer_bars(answers: dict, title: str = "Probability of each option, one panel per question") -> go.Figure:
     """Every answer's probabilities (System One shape) as horizontal bars, one panel per question."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=len(answers), cols=1, subplot_titles=list(answers), vertical_spacing=0.08)
+    fig = make_subplots(rows=len(answers), cols=1, subplot_titles=list(answers), vertical_spacing=0.12)
     for row, (qid, a) in enumerate(answers.items(), 1):
         table = answer_probabilities(a)
         fig.add_bar(x=list(table.values()), y=list(table), orientation="h", name=qid, showlegend=False,
                     text=[f"{p:.1%}" for p in table.values()], row=row, col=1)
-        fig.update_xaxes(range=[0, 1], row=row, col=1)
-    return fig.update_layout(template=TEMPLATE, height=140 * len(answers) + 60, margin={"t": 40, "l": 150})
+        fig.update_xaxes(title={"text": "probability", "standoff": 4}, range=[0, 1], tickformat=".0%", row=row, col=1)
+        fig.update_yaxes(title="option", row=row, col=1)
+    return fig.update_layout(template=TEMPLATE, title=title, height=140 * len(answers) + 60,
+                             margin={"t": 80, "l": 150}, uniformtext={"minsize": 11, "mode": "show"})
 
 
-def latency_boxes(timings, title: str = "Latency per request") -> go.Figure:
-    """One box per timed thing, every sample shown, on a log axis (generation and a forward pass differ 10x+)."""
+def latency_boxes(timings, title: str = "Latency per request", axis: str = "what was timed") -> go.Figure:
+    """One box per timed thing (named on the ``axis``), every sample shown, on a log axis (generation and a forward
+    pass differ 10x+)."""
     fig = go.Figure()
     for t in timings:
         fig.add_box(y=t.samples_ms, name=t.name, boxpoints="all", jitter=0.4, pointpos=0)
-    return fig.update_layout(template=TEMPLATE, title=title, yaxis_title="milliseconds", yaxis_type="log",
-                             showlegend=False)
+    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title=axis,
+                             yaxis_title="milliseconds per call (log scale)", yaxis_type="log", showlegend=False)
 
 
 def scaling_lines(scalings, title: str = "Cost of one more question") -> go.Figure:
-    """Milliseconds against the number of questions asked about one input, with each fitted slope."""
+    """Milliseconds against the number of questions asked about one input, with each fitted slope, on log axes
+    (heads take microseconds, a forward pass hundreds of milliseconds)."""
     fig = go.Figure()
-    for s in scalings:
-        fig.add_scatter(x=s.counts, y=s.ms, mode="lines+markers", name=f"{s.name}: {s.slope_ms:.3g} ms per question")
-    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="questions about one input",
-                             yaxis_title="milliseconds (median)", xaxis_type="log", yaxis_type="log")
+    for k, s in enumerate(scalings):
+        fig.add_scatter(x=s.counts, y=s.ms, mode="lines+markers", name=f"{s.name}: {s.slope_ms:.3g} ms per question",
+                        line_color=PALETTE[k % len(PALETTE)])
+    return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="questions about one input (log scale)",
+                             yaxis_title="milliseconds per input, median (log scale)", xaxis_type="log",
+                             yaxis_type="log", legend={"orientation": "h", "y": -0.2})
 
 
 def load_curves(table) -> go.Figure:
-    """Requests per second and p99 latency against concurrent clients, one line per max batch size."""
+    """Requests per second and p99 latency against concurrent clients, one line per max batch size, in the same
+    colour in both panels (one legend entry each); throughput from zero."""
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("throughput", "p99 latency"))
-    for size, group in table.groupby(level="max batch"):
+    for k, (size, group) in enumerate(table.groupby(level="max batch")):
         name = "one request per forward" if size == 1 else f"batched (up to {size})"
         clients = group.index.get_level_values("clients")
+        color = PALETTE[k % len(PALETTE)]
         fig.add_scatter(x=clients, y=group["requests/s"], mode="lines+markers", name=name, legendgroup=name,
-                        row=1, col=1)
+                        line_color=color, row=1, col=1)
         fig.add_scatter(x=clients, y=group["p99 ms"] / 1e3, mode="lines+markers", name=name, legendgroup=name,
-                        showlegend=False, row=1, col=2)
-    fig.update_xaxes(type="log", title_text="concurrent clients")
-    fig.update_yaxes(title_text="requests / s", row=1, col=1)
-    fig.update_yaxes(title_text="seconds", row=1, col=2)
+                        line_color=color, showlegend=False, row=1, col=2)
+    fig.update_xaxes(type="log", title_text="concurrent clients (log scale)")
+    fig.update_yaxes(title_text="requests / s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=2)
     return fig.update_layout(template=TEMPLATE, title="Serving on loopback: batching on and off")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from .atomic import write_text
 from .environment import environment
-from .metrics import Scores
+from .metrics import Scores, paired_difference
 from .saving import DECISIONS_FILE, HISTORY_FILE, REPORT_FILE, REPORT_PAGE
 
 # Quoted from the course's reference run and the benchmark's leaderboard, never recomputed here.
@@ -164,3 +164,35 @@ def comparison(runs: dict[str, str | Path], measured: dict[str, Scores] | None =
     rows.update({f"{name} (measured)": s.overall() for name, s in (measured or {}).items()})
     quoted = REFERENCES.rename(index=lambda name: f"{name} (quoted)")
     return pd.concat([pd.DataFrame.from_dict(rows, orient="index").reindex(columns=COMPARISON_COLUMNS), quoted])
+
+
+@dataclass
+class Ladder:
+    """Models scored on the same cases, in the order a learner meets them: each row's metrics, and its gain in
+    accuracy over the row before with a bootstrap interval over cases (``metrics.paired_difference``): a gain
+    whose interval holds 0 is not one this test set can tell from noise."""
+
+    scores: dict[str, Scores]
+    level: float = 0.95
+
+    def table(self) -> pd.DataFrame:
+        rows, previous = {}, None
+        for name, s in self.scores.items():
+            row = {k: s.overall()[k] for k in ("accuracy", "kl", "brier")}
+            if previous is not None:
+                gain, low, high = paired_difference(previous, s, level=self.level)
+                row.update({"gain": gain, "gain low": low, "gain high": high})
+            rows[name], previous = row, s
+        table = pd.DataFrame.from_dict(rows, orient="index")
+        return table.rename(columns={"gain": "accuracy gain over the row above",
+                                     "gain low": f"{self.level:.0%} interval, low",
+                                     "gain high": f"{self.level:.0%} interval, high"})
+
+    def by_workflow(self) -> pd.DataFrame:
+        """Accuracy per workflow, one column per model: where each part is strong."""
+        return pd.DataFrame({name: s.summary("workflow")["accuracy"] for name, s in self.scores.items()})
+
+    def figure(self):
+        from .plots import ladder_bars
+
+        return ladder_bars(self.by_workflow())

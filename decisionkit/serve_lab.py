@@ -6,8 +6,13 @@
 - ``load_test`` posts request bodies from several clients at once: requests per second, latency percentiles, what
   was lost; ``compare_batching`` does it with batching on and off; ``batch_sweep`` times ``decide_many`` by batch
   size without HTTP.
-- The contract probes: ``requests_for`` builds requests a model can answer, ``bad_requests`` and ``refusals`` send the
-  server what it must refuse, ``served_vs_decided`` compares its answers with ``decide()``'s field by field.
+- The contract probes: ``requests_for`` builds requests a model can answer (``fitting``: the cases short enough for
+  it), ``bad_requests`` and ``refusals`` send the server what it must refuse, ``served_vs_decided`` compares its
+  answers with ``decide()``'s field by field.
+- What a client does with the answers, through the official client (``typesafe_sdk``) asked for decisionkit's
+  response model, which keeps the ``routing`` field (``ask``): ``client_routing`` shows the router's verdict and
+  scores per request; ``client_answers`` scores a client's answers to cases against their gold, and ``ClientAnswers.rule`` a
+  client-side rule on ``confidence`` (accept an answer at a threshold or above, send the rest to a human).
 """
 
 import json
@@ -21,6 +26,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from typing import Sequence
@@ -29,9 +35,16 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .answer_fields import answer_confidence, answer_probabilities
+from .data import Split
 from .latency import hardware, time_calls
+from .metrics import score
 from .plots import load_curves
 from .serve import ENDPOINT, Batching, Limits
+from .systemone import SystemOneResponse
+
+P99_MIN_TIMINGS = 100  # fewer timings than this give no p99: it would be one of the last one or two samples
+ROUTING_SCORES = ("confidence", "raw confidence", "in-domain", "mahalanobis", "field surprise")  # shown first
 
 
 def free_port() -> int:
@@ -94,7 +107,7 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
               max_requests: int | None = None) -> dict[str, float]:
     """``concurrency`` clients posting ``bodies`` (in turn) to ``url`` back to back, for at most ``seconds`` and
     ``max_requests`` requests in all: requests per second, latency percentiles, and how many were lost (an answer
-    other than 200, or a broken connection)."""
+    other than 200, or a broken connection). The p99 is NaN below ``P99_MIN_TIMINGS`` answered requests."""
     latencies: list[float] = []
     lost = [0]
     sent = iter(range(max_requests or sys.maxsize))
@@ -132,7 +145,8 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
     ms = np.asarray(latencies) if latencies else np.asarray([float("nan")])
     return {"clients": concurrency, "requests": len(latencies), "lost": lost[0],
             "requests/s": len(latencies) / elapsed,
-            **{f"p{q} ms": float(np.percentile(ms, q)) for q in (50, 95, 99)}}
+            **{f"p{q} ms": float(np.percentile(ms, q)) if q < 99 or len(latencies) >= P99_MIN_TIMINGS else float("nan")
+               for q in (50, 95, 99)}}
 
 
 def bad_requests(good: dict) -> dict[str, tuple[str, bytes]]:
@@ -188,12 +202,87 @@ def served_vs_decided(served: dict, decided: dict, atol: float = 1e-4) -> pd.Dat
     return table
 
 
+def fitting(model, cases, count: int | None = None) -> list:
+    """The first ``count`` (None: all) of ``cases`` short enough for ``model``: the server refuses a longer state
+    rather than cut it, as a client could not see the cut."""
+    tokenizer = model.backbone.tokenizer  # counted in full (verbose=False: no warning past the tokenizer's own limit)
+    fits = [c for c in cases if len(tokenizer(c.text, verbose=False)["input_ids"]) <= model.spec.max_length]
+    return fits[:count]
+
+
 def requests_for(model, name: str, cases, count: int) -> tuple[list[dict], list[bytes]]:
-    """The first ``count`` of ``cases`` short enough for ``model`` (a longer state is refused, not answered), as
-    ``decide_many`` requests and as System One request bodies for the model served as ``name``."""
-    fits = [c for c in cases if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:count]
-    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}} for c in fits]
+    """The first ``count`` of ``cases`` short enough for ``model`` (``fitting``), as ``decide_many`` requests and as
+    System One request bodies for the model served as ``name``."""
+    asked = [{"state": c.state, "questions": {q: x.to_json() for q, x in c.questions.items()}}
+             for c in fitting(model, cases, count)]
     return asked, [json.dumps({"model": name, **a}).encode() for a in asked]
+
+
+def ask(client, request: dict) -> SystemOneResponse:
+    """One request (``{"state", "questions", "workflow"?}``) through the official client ``client`` (a
+    ``typesafe_sdk.TypeSafeClient``), read with decisionkit's response model: the SDK's own ignores fields it does
+    not know, ``routing`` among them."""
+    workflow = request.get("workflow")
+    return client.system_one(state=request["state"], questions=request["questions"],
+                             extra_body={"workflow": workflow} if workflow else None, response_model=SystemOneResponse)
+
+
+def client_routing(client, requests: dict[str, dict]) -> pd.DataFrame:
+    """Each named request (``{"state", "questions", "workflow"?}``) through ``client`` (``ask``): the ``routing``
+    field's verdict, its first scores (``ROUTING_SCORES``) and its reason. The served model must carry a router."""
+    rows = {}
+    for name, request in requests.items():
+        routing = ask(client, request).routing
+        if routing is None:
+            raise ValueError(f"request {name!r}: the answer has no 'routing' field; serve a model with a router "
+                             "(anomaly.fit_router, or a run of pipeline.run_report)")
+        rows[name] = {"verdict": routing.verdict, **{k: routing.scores[k] for k in ROUTING_SCORES if k in routing.scores},
+                      "reason": routing.reason}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+@dataclass
+class ClientAnswers:
+    """What a client received for cases with a known gold, one row per answer: ``case``, ``question``, ``type``,
+    ``confidence`` as a client reads it (the field; a yes/no answer's top probability, ``answer_fields``), whether
+    its top option is the gold's (``correct``, ``metrics.score``) and the router's ``verdict`` on its case."""
+
+    answers: pd.DataFrame
+
+    def rule(self, thresholds: Sequence[float]) -> pd.DataFrame:
+        """A client's rule at each threshold t: accept an answer whose confidence is t or more, send the rest to a
+        human. Per t: the share of answers accepted, the accuracy of those and of the rest (NaN where none), and
+        the share of cases whose every answer was accepted."""
+        a = self.answers
+        rows = {}
+        for t in thresholds:
+            kept = a["confidence"] >= t
+            rows[t] = {"answers accepted": kept.mean(), "accuracy accepted": a.loc[kept, "correct"].mean(),
+                       "accuracy sent to a human": a.loc[~kept, "correct"].mean(),
+                       "cases answered in full": kept.groupby(a["case"]).all().mean()}
+        return pd.DataFrame.from_dict(rows, orient="index").rename_axis("threshold")
+
+    def router_share(self) -> float:
+        """The share of the cases whose ``routing`` verdict was "human"."""
+        return float((self.answers.groupby("case")["verdict"].first() == "human").mean())
+
+
+def client_answers(client, cases) -> ClientAnswers:
+    """Ask each of ``cases`` (typed-decisions cases short enough for the served model, ``fitting``) its questions
+    through ``client`` (``ask``), and score what came back against the gold."""
+    cases = list(cases)
+    predictions, confidences, verdicts = [], [], []
+    for case in cases:
+        response = ask(client, {"state": case.state, "questions": {q: x.to_json() for q, x in case.questions.items()},
+                                "workflow": case.workflow})
+        answers = {q: a.model_dump() for q, a in response.answers.items()}
+        predictions.append({q: np.array([answer_probabilities(answers[q])[o] for o in x.options])
+                            for q, x in case.questions.items()})
+        confidences.extend(answer_confidence(answers[q]) for q in case.questions)
+        verdicts.extend([response.routing.verdict if response.routing else "answer"] * len(case.questions))
+    decisions = score(Split("asked", cases, "through the client"), predictions).decisions
+    table = decisions[["case", "question", "type", "correct"]].assign(confidence=confidences, verdict=verdicts)
+    return ClientAnswers(table)
 
 
 @dataclass
@@ -240,17 +329,30 @@ def compute_facts(model) -> dict:
             "cpu bf16 instructions": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
 
 
-def batch_sweep(model, requests: Sequence[dict], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32)) -> pd.DataFrame:
+def batch_sweep(model, requests: Sequence[dict], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32),
+                rounds: int = 5) -> pd.DataFrame:
     """Milliseconds per request of ``model.decide_many`` by batch size, on the same requests (what a server's
-    batching can gain on this device, without HTTP)."""
+    batching can gain on this device, without HTTP): ``rounds`` passes over the requests at every size, the sizes
+    taking turns so that a drift in the machine's speed falls on each alike; per size, the median batch's time over
+    its size."""
     model.decide_many(requests, batch_size=max(sizes))  # the first forward passes page the weights in
+    chunks = {size: [list(requests[i:i + size]) for i in range(0, len(requests) - size + 1, size)] for size in sizes}
+    for size in sizes:
+        model.decide_many(chunks[size][0], batch_size=size)  # one warm-up batch of each shape
+    samples: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            timing = time_calls(f"batch {size}", partial(_decide_batch, model, size), chunks[size], warmup=0)
+            samples[size].extend(timing.samples_ms)
     rows = []
     for size in sizes:
-        chunks = [list(requests[i:i + size]) for i in range(0, len(requests) - size + 1, size)]
-        timing = time_calls(f"batch {size}", lambda chunk: model.decide_many(chunk, batch_size=size), chunks, warmup=1)
-        per_request = timing.median / size
-        rows.append({"batch size": size, "batches": len(chunks), "ms per request": per_request,
+        per_request = float(np.median(samples[size])) / size
+        rows.append({"batch size": size, "batches": len(samples[size]), "ms per request": per_request,
                      "requests/s": 1e3 / per_request})
     table = pd.DataFrame(rows).set_index("batch size")
     table["speed-up"] = table["requests/s"] / table["requests/s"].iloc[0]
     return table
+
+
+def _decide_batch(model, size: int, chunk: list[dict]) -> list[dict]:
+    return model.decide_many(chunk, batch_size=size)

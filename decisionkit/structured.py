@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .data import Split
@@ -394,6 +395,13 @@ class StructuredPart:
                                for qid in mine[0].questions}
         weights = weights or {w: dict.fromkeys(qs, 1.0) for w, qs in trees.items()}
         return cls(fields, trees, weights)
+
+    def table(self) -> pd.DataFrame:
+        """The mixing weights, one row per (workflow, question), with the fields each workflow's trees read."""
+        return pd.DataFrame([{"workflow": w, "question": q, "weight of the heads": v, "weight of the trees": 1 - v,
+                              "fields read": len(self.fields[w].columns)}
+                             for w, per_question in self.weights.items() for q, v in per_question.items()]
+                            ).set_index(["workflow", "question"])
 
     def probabilities(self, states: Sequence[Any], workflow: str, questions: Sequence[str]) -> dict[str, np.ndarray]:
         """The trees' answer distributions for ``states`` of ``workflow``: question -> (states, options)."""

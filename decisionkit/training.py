@@ -17,6 +17,7 @@ here.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import random
 import time
@@ -30,9 +31,10 @@ import torch
 from .atomic import write_text
 from .backbone import load_backbone
 from .data import Split, dev_slice, load_typed_decisions
-from .finetune import finetune
+from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepare
 from .fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from .heads import group_rows
+from .latency import synchronize
 from .memory import peak_rss_gb
 from .metrics import Scores, score
 from .model import DecisionModel, DecisionOutput, load
@@ -218,6 +220,83 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
         "preset": p.to_json(), "history": history, "best_val_loss": best, "seconds": seconds, "peak_memory_gb": peak,
         "machine": platform.platform(), **extra}, indent=2, default=str))
     return result
+
+
+@dataclass
+class StepCost:
+    """What one optimizer step of a fine-tuning preset costs on this machine, and the epoch and run it implies
+    (the dev evaluations and stage 1 not counted)."""
+
+    preset: Preset
+    backbone: str
+    trainable: int  # parameters the step updates
+    tokens: list[int]  # per timed step, after the cut at max_length
+    seconds: list[float]  # per timed step
+    steps_per_epoch: int
+    compute_dtype: str
+
+    @property
+    def step_seconds(self) -> float:
+        return float(np.mean(self.seconds))
+
+    def row(self) -> dict:
+        run_steps = max(1, round(self.preset.epochs * self.steps_per_epoch))
+        return {"backbone": self.backbone, "mode": self.preset.mode, "trainable parameters": self.trainable,
+                "cases per step": self.preset.batch_size, "tokens per step": float(np.mean(self.tokens)),
+                "timed steps": len(self.seconds), "s per step": self.step_seconds,
+                "steps per epoch": self.steps_per_epoch, "epoch (min)": self.step_seconds * self.steps_per_epoch / 60,
+                "epochs": self.preset.epochs, "run (h)": self.step_seconds * run_steps / 3600,
+                "compute dtype": self.compute_dtype}
+
+
+@dataclass
+class StepCosts:
+    """``step_costs``' measurements, one per preset."""
+
+    costs: dict[str, StepCost]
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame.from_dict({name: c.row() for name, c in self.costs.items()}, orient="index")
+
+
+def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCost:
+    """Time ``steps`` optimizer steps of fine-tuning preset ``p`` (after ``warmup`` untimed ones) exactly as
+    ``train`` runs them: its backbone made trainable as the mode says, its batches (every workflow mixed, micro-batches
+    of similar length), its optimizer and clipping; the heads start uniform, which costs the same. What a step costs
+    is what decides whether fine-tuning fits a CPU: the epoch is ``steps_per_epoch`` of them."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    p = preset(p) if isinstance(p, str) else p
+    if p.mode == "heads":
+        raise ValueError(f"preset {p.name!r} has mode 'heads': it has no fine-tuning step to time")
+    backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
+    seed_everything(p.seed)
+    train_split, _, _ = training_splits(p, data_dir)
+    model = DecisionModel(backbone, train_split.schema(), p.features)
+    accelerator, optimizer = prepare(model, p)
+    per_epoch = math.ceil(len(train_split) / p.batch_size)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(p.warmup * per_epoch), per_epoch)
+    trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    lengths = cut_lengths(accelerator.unwrap_model(model), train_split)
+    plans = mixed_steps(train_split.case_workflows, lengths, p.batch_size, p.micro_batch, p.seed)
+    if warmup + steps > len(plans):
+        raise ValueError(f"steps + warmup is {warmup + steps}; preset {p.name!r} has {len(plans)} steps an epoch")
+    seconds, tokens = [], []
+    for k, plan in enumerate(plans[:warmup + steps]):
+        started = time.perf_counter()
+        optimizer_step(model, accelerator, optimizer, scheduler, plan, train_split, p, p.l2_grid[0])
+        synchronize(backbone.device)
+        if k >= warmup:
+            seconds.append(time.perf_counter() - started)
+            tokens.append(sum(lengths[i] for micro in plan for i in micro))
+    return StepCost(p, backbone.name.split("/")[-1], trainable, tokens, seconds, per_epoch,
+                    backbone.precision.dtype)
+
+
+def step_costs(presets, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCosts:
+    """``step_cost`` of each preset, one after the other (each loads its own backbone)."""
+    return StepCosts({(p if isinstance(p, str) else p.name): step_cost(p, steps, warmup, data_dir) for p in presets})
 
 
 def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):

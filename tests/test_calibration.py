@@ -7,14 +7,22 @@ import torch
 import decisionkit
 from decisionkit.calibration import (
     BOUNDS,
+    STAGES,
     DecisionLogits,
     calibrate,
+    calibrate_out_of_fold,
     decision_logits,
     fit_temperature,
     fitted_where,
+    out_of_fold_logits,
     risk_coverage,
+    temperature_rule,
 )
 from decisionkit.metrics import expected_calibration_error, reliability_bins, score
+from decisionkit.runs import shared_run
+from decisionkit.scenarios import load_scenario
+
+ONES = dict.fromkeys(("noul", "choice", "score"), 1.0)
 
 
 def synthetic(temperature: float, n: int = 400, k: int = 4, seed: int = 0) -> DecisionLogits:
@@ -157,3 +165,105 @@ def test_fitted_where_fits_each_split_and_scores_the_same_test(quick_model, spli
         ece = score(test, decision_logits(model, test).predictions(dict.fromkeys(("noul", "choice", "score"), t)))
         assert table.loc[f"fitted on {name}", "temperature"] == pytest.approx(t)
         assert table.loc[f"fitted on {name}", "test ECE"] == pytest.approx(ece.overall()["ece"])
+
+
+# Small data: the ngs-qc scenario (196 train, 28 validation, 56 test reports), heads trained by its preset (a dev slice
+# of train picks L2 and steps), once into the cache.
+
+
+@pytest.fixture(scope="module")
+def qc():
+    return shared_run("ngs-qc"), {s: load_scenario("ngs-qc", s) for s in ("train", "validation", "test")}
+
+
+@pytest.fixture(scope="module")
+def qc_pool(qc):
+    """Held-out logits of every train report (out of fold) and of every validation report."""
+    path, splits = qc
+    model = decisionkit.load(path)
+    return DecisionLogits.joined([out_of_fold_logits(model, splits["train"]), decision_logits(model, splits["validation"])],
+                                 "pool")
+
+
+def test_out_of_fold_logits_score_each_train_case_once_with_heads_that_never_saw_it(qc, qc_pool):
+    path, splits = qc
+    model = decisionkit.load(path)
+    train = splits["train"]
+    oof = out_of_fold_logits(model, train)
+    assert sorted(oof.cases.ids) == sorted(train.ids) and len(set(oof.cases.ids)) == len(train)
+    assert sum(len(g["rows"]) for g in oof.groups) == 2 * len(train)  # action and risk, once each
+    # The model's own heads saw these reports: in sample they look far surer than held out (measured: answer log
+    # loss 0.11 in sample, 0.71 out of fold).
+    assert oof.nll(ONES) > decision_logits(model, train).nll(ONES) + 0.3
+    again = out_of_fold_logits(model, train)  # the same folds every time
+    assert all(torch.equal(a["logits"], b["logits"]) for a, b in zip(oof.groups, again.groups))
+    model.head_recipe = None  # as for a fine-tuned model: no recipe to fit the heads again by
+    with pytest.raises(ValueError, match="head_recipe"):
+        out_of_fold_logits(model, train)
+
+
+@pytest.mark.parametrize("sharper", [3.0, 1 / 3])
+def test_the_rule_keeps_a_temperature_that_helps_held_out_data(qc_pool, sharper):
+    """The real held-out logits made over-confident (x3) or under-confident (/3): the fitted temperatures undo it
+    on data they were not fitted on, so the rule keeps them."""
+    base = temperature_rule(qc_pool)
+    rule = temperature_rule(qc_pool.tempered(dict.fromkeys(ONES, 1 / sharper)))
+    table = rule.decisions
+    assert table["kept"].all() and (table["why"].str.startswith("lowers")).all()
+    assert (table["loss at fitted T"] < table["loss at T = 1"]).all() and (table["ECE at fitted T"] <= table["ECE at T = 1"]).all()
+    assert rule.temperatures["choice"] == pytest.approx(sharper * base.fitted["choice"], rel=0.01)
+    assert rule.confidence_temperatures["choice"] == rule.fitted_confidence["choice"]
+
+
+def test_the_rule_returns_one_when_the_fitted_temperature_does_not_help_held_out_data(qc_pool):
+    """Logits already at their best temperature: refitted, T comes out within noise of 1, and that noise makes the
+    held-out predictions worse, not better, so T = 1."""
+    base = temperature_rule(qc_pool)
+    for of, temperatures in (("probabilities", base.fitted), ("confidence", base.fitted_confidence)):
+        rule = temperature_rule(qc_pool.tempered(temperatures))
+        row = rule.decisions.loc[(of, "choice")]
+        assert row["fitted T"] == pytest.approx(1.0, abs=0.01) and row["fitted T"] != 1.0
+        assert not row["kept"] and row["T after the rule"] == 1.0 and row["why"].endswith("not lower")
+        assert row["loss at fitted T"] >= row["loss at T = 1"]
+    assert rule.confidence_temperatures["choice"] == 1.0
+
+
+def test_the_rule_refuses_a_temperature_that_lowers_kl_but_raises_ece(qc_pool):
+    """Every answer right and sure, the gold sometimes spread (annotators disagree): softening the probabilities
+    toward the spread lowers KL, but makes right answers look unsure (ECE rises), so they keep T = 1; the confidence,
+    fitted to the answer, sharpens and is kept (calibration's two meanings)."""
+    sure = DecisionLogits(qc_pool.cases, [{**g, "logits": 4 * torch.log(g["gold"].clamp_min(1e-3))}
+                                          for g in qc_pool.groups])
+    assert any(0 < g["gold"].max(-1).values.min() < 1 for g in sure.groups)  # some gold is spread
+    rule = temperature_rule(sure)
+    probabilities, confidence = rule.decisions.loc[("probabilities", "choice")], rule.decisions.loc[("confidence", "choice")]
+    assert probabilities["fitted T"] > 1 and probabilities["loss at fitted T"] < probabilities["loss at T = 1"]
+    assert probabilities["ECE at fitted T"] > probabilities["ECE at T = 1"]
+    assert not probabilities["kept"] and probabilities["why"] == "raises ECE" and rule.temperatures["choice"] == 1.0
+    assert confidence["kept"] and confidence["fitted T"] < 1
+
+
+def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(qc):
+    path, splits = qc
+    train, validation, test = splits["train"], splits["validation"], splits["test"]
+    model = decisionkit.load(path)
+    report = calibrate_out_of_fold(model, train, validation, test)
+    assert report.fitted_on == {"train (out of fold)": len(train), "validation": len(validation), "folds": 5}
+    assert model.temperatures["choice"] == report.rule.temperatures["choice"]
+    assert model.confidence_temperatures == report.rule.confidence_temperatures
+    rule = report.rule_table()
+    assert (rule["T after the rule"] == rule["fitted T"].where(rule["kept"], 1.0)).all()
+    table = report.table()
+    assert [stage for split, stage in table.index if split == "test"] == list(STAGES)
+    assert table["accuracy"].nunique() == 2  # held-out pool and test: a temperature never changes the top answer
+    assert table.loc[("test", "before"), "decisions"] == 2 * len(test)
+    assert table.loc[(report.rule.name, "before"), "decisions"] == 2 * (len(train) + len(validation))
+    after = score(test, *model.outputs(test))  # what the calibrated model now answers is the table's "after"
+    assert after.overall()["kl"] == pytest.approx(table.loc[("test", "after"), "kl"], abs=1e-6)
+    line = report.summary("test")
+    assert f"{table.loc[('test', 'after'), 'kl']:.3f} after" in line
+    assert line.endswith("none (T = 1)") == (not rule["kept"].any())
+    alone = calibrate_out_of_fold(decisionkit.load(path), train, validation)
+    assert alone.temperatures == report.temperatures  # scoring test changed nothing
+    with pytest.raises(ValueError, match="also in a split before it"):
+        calibrate_out_of_fold(decisionkit.load(path), train, validation, validation)

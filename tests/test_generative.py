@@ -3,18 +3,26 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from decisionkit.data import Split
 from decisionkit.generative import (
     DECISION,
+    ZERO_SHOT,
+    ComputeDtype,
     ab_test,
     answer_schema,
     generate_json,
     generative_baseline,
+    gold_reply,
+    how_trained,
     json_prompt,
     option_scoring,
     parse_answers,
+    training_cost,
 )
 from decisionkit.metrics import score
+from decisionkit.precision import Precision
 
 
 @pytest.fixture(scope="module")
@@ -106,26 +114,101 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
     _, model = quick_model
     cases = splits["validation"].head(1)
     ab = ab_test(model, cases, budgets=(8,), constrained_budget=80, progress=False)
-    table = ab.table()
-    assert list(table.index) == [DECISION, "option scoring (log-prob)", "free JSON, 8 tokens", "constrained JSON"]
-    assert table.loc[DECISION, "x decision p50"] == 1.0
-    assert table.loc["constrained JSON", "valid"] == 1.0 and table.loc["free JSON, 8 tokens", "valid"] == 0.0
-    assert np.isnan(table.loc["constrained JSON", "kl"])  # a generated answer has no distribution
+    methods = [DECISION, "option scoring (log-prob)", "free JSON, 8 tokens", "constrained JSON"]
+    latency, accuracy = ab.latency_table(), ab.accuracy_table()
+    assert list(latency.index) == methods and list(accuracy.index) == methods
+    # four timings per method: fewer than a p99 needs, so the tail shown is p90
+    assert list(latency.columns) == ["timings", "p50 ms", "p90 ms", "first token ms", "x decision p50",
+                                     "compute dtype"] and (latency["timings"] == 4).all()
+    assert latency.loc[DECISION, "x decision p50"] == 1.0
+    for method in methods:  # each p50 is the median of that method's own timings
+        timed = ab.requests.loc[ab.requests["method"] == method, "latency_ms"]
+        assert latency.loc[method, "p50 ms"] == pytest.approx(np.median(timed))
+    # the quick model's heads and trees were fitted, not calibrated nor routed; temperatures make it "calibrated"
+    assert accuracy.loc[DECISION, "trained"] == how_trained(model) == "yes: heads + trees on train"
+    kept = model.temperatures
+    model.temperatures = {kind: 1.5 for kind in kept}
+    try:
+        assert how_trained(model) == "yes: heads + trees on train, calibrated"
+    finally:
+        model.temperatures = kept
+    assert (accuracy["trained"].drop(DECISION) == ZERO_SHOT).all()  # no generative baseline was trained
+    assert accuracy.loc["constrained JSON", "valid"] == 1.0 and accuracy.loc["free JSON, 8 tokens", "valid"] == 0.0
+    assert np.isnan(accuracy.loc["constrained JSON", "kl"])  # a generated answer has no distribution
     decided = score(cases, *model.outputs(cases)).overall()
-    assert table.loc[DECISION, "accuracy"] == pytest.approx(decided["accuracy"])
-    assert table.loc[DECISION, "kl"] == pytest.approx(decided["kl"])
+    assert accuracy.loc[DECISION, "accuracy"] == pytest.approx(decided["accuracy"])
+    assert accuracy.loc[DECISION, "kl"] == pytest.approx(decided["kl"])
     _, scored = option_scoring(model.backbone, cases, model.spec.max_length)  # the option-scoring row's answers
     for c, p in zip(cases, scored):  # a distribution over each question's options
         assert all(len(p[q]) == len(x.options) and (p[q] >= 0).all() and p[q].sum() == pytest.approx(1.0)
                    for q, x in c.questions.items())
     by_options = score(cases, scored).overall()
-    assert table.loc["option scoring (log-prob)", ["accuracy", "kl"]].tolist() == pytest.approx(
+    assert accuracy.loc["option scoring (log-prob)", ["accuracy", "kl"]].tolist() == pytest.approx(
         [by_options["accuracy"], by_options["kl"]])
-    by_workflow = ab.table("workflow")
+    assert ab.table().columns.tolist() == latency.columns.tolist() + accuracy.columns.tolist()  # both, one record
+    by_workflow = ab.latency_table("workflow")
     assert len(by_workflow) == 4 * 4 and (by_workflow.xs(DECISION, level="method")["x decision p50"] == 1.0).all()
+    assert len(ab.accuracy_table("workflow")) == 4 * 4
     examples = ab.generative.examples(8, n=2, chars=40)
     assert examples["method"].tolist() == ["free, 8 tokens"] * 2 + ["constrained"] * 2  # two of each, failures first
     requests = ab.generative.requests
     assert examples["text"].tolist() == [t[:40] for t in pd.concat([
         requests[(requests["method"] == "free") & ~requests["valid"]]["text"].head(2),
         requests[requests["method"] == "constrained"]["text"].head(2)])]
+
+
+def one_case(splits) -> Split:
+    validation = splits["validation"]
+    return Split(validation.name, [validation[0]], validation.source)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_method_of_the_ab_test_computes_in_the_backbone_dtype(quick_model, splits, dtype):
+    """Each method's dtype is what the backbone's first linear layer produced while it ran, so a method that ran
+    outside the compute dtype (generation without the autocast, say) shows float32 where bfloat16 was chosen."""
+    _, model = quick_model
+    kept = model.backbone.precision
+    model.backbone.precision = Precision(kept.device, dtype, "set by the test")
+    try:
+        ab = ab_test(model, one_case(splits), budgets=(4,), constrained_budget=0, progress=False)
+    finally:
+        model.backbone.precision = kept
+    assert ab.precision.dtype == dtype
+    assert ab.dtypes == {DECISION: dtype, "option scoring (log-prob)": dtype, "free JSON, 4 tokens": dtype}
+    assert (ab.latency_table()["compute dtype"] == dtype).all()
+
+
+def test_compute_dtype_sees_what_the_backbone_ran_in(tiny_backbone):
+    batch = tiny_backbone.tokenizer(["a state"], return_tensors="pt")
+    with ComputeDtype(tiny_backbone) as plain:
+        tiny_backbone.model(**batch)
+    with ComputeDtype(tiny_backbone) as autocast, Precision("cpu", "bfloat16", "test").autocast():
+        tiny_backbone.model(**batch)
+    with ComputeDtype(tiny_backbone) as idle:
+        pass
+    assert (plain.dtype, autocast.dtype, idle.dtype) == ("float32", "bfloat16", "none")
+    tiny_backbone.model(**batch)  # the hook is gone once the block ends
+    assert plain.seen == {"float32"}
+
+
+def test_gold_reply_is_the_schema_reply_of_the_gold(case):
+    reply = gold_reply(case)
+    answers, problems = parse_answers(reply, case.questions)
+    assert problems == [] and answers == {qid: q.options[int(np.argmax(case.gold[qid].probabilities))]
+                                          for qid, q in case.questions.items()}
+    assert list(json.loads(reply)) == list(case.questions) and ", " in reply and ": " in reply
+
+
+def test_training_cost_times_a_forward_and_backward_per_case(tiny_backbone, splits):
+    cases = splits["validation"].head(1)
+    weights = [p.detach().clone() for p in tiny_backbone.model.parameters()]
+    cost = training_cost(tiny_backbone, cases, train_cases=1200)
+    def count(text: str) -> int:
+        return len(tiny_backbone.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    tokens = [count(json_prompt(tiny_backbone, c)) + count(gold_reply(c)) + 1 for c in cases]  # + end of sequence
+    assert cost.tokens_per_case == np.median(tokens) and cost.cases_timed == 4 and cost.seconds_per_case > 0
+    assert cost.compute_dtype == tiny_backbone.precision.dtype
+    assert cost.epoch_minutes == pytest.approx(cost.seconds_per_case * 1200 / 60)
+    assert all(torch.equal(a, b) for a, b in zip(weights, tiny_backbone.model.parameters()))  # nothing trained
+    assert all(p.grad is None for p in tiny_backbone.model.parameters())

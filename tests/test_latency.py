@@ -87,6 +87,47 @@ def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_mo
     assert all(min(state_alone, 128) <= n <= 128 for n in passes)  # each pass re-reads the state (and its question)
 
 
+def test_question_costs_time_each_question_with_its_real_trees(quick_model, splits, monkeypatch):
+    from decisionkit.structured import Fields, Trees
+
+    _, model = quick_model
+    case = splits["validation"][0]
+    real = model.structured.trees[case.workflow]
+    read, fields_read = [], []
+    real_probabilities, real_encode = Trees.probabilities, Fields.encode
+    monkeypatch.setattr(Trees, "probabilities", lambda self, x: read.append(self) or real_probabilities(self, x))
+    monkeypatch.setattr(Fields, "encode", lambda self, states: fields_read.append(self) or real_encode(self, states))
+    costs = latency.question_costs(model, case, counts=(1, 8), repeats=3)
+    assert costs.trees.counts == costs.heads.counts == [1, 8] and costs.fields_ms > 0
+    # Per call: the workflow's fields read once, then one real tree set per question, the workflow's in turn. Calls:
+    # 3 timing the fields alone, a warm-up at 8 questions, then 3 timed at 1 question and 3 at 8.
+    assert fields_read == [model.structured.fields[case.workflow]] * (3 + 1 + 3 + 3)
+    eight = [list(real.values())[i % len(real)] for i in range(8)]
+    assert read == eight + eight[:1] * 3 + eight * 3
+    table = costs.table()
+    assert list(table.columns) == ["heads only (ms)", "heads + trees (ms)"] and list(table.index) == [1, 8]
+    assert table["heads + trees (ms)"].tolist() == pytest.approx([ms - costs.encode_ms for ms in costs.trees.ms])
+    side = latency.head_costs([costs])
+    assert side.loc[costs.backbone, "one more head + trees (µs)"] == pytest.approx(costs.trees.slope_ms * 1e3)
+    assert side.loc[costs.backbone, "head + trees / encoding"] == pytest.approx(costs.trees.slope_ms / costs.encode_ms)
+
+
+def test_decide_timings_take_turns_and_ask_the_first_n_questions(quick_model, splits, monkeypatch):
+    _, model = quick_model
+    case = splits["validation"][0]
+    asked = []
+    real_decide = model.decide
+    monkeypatch.setattr(model, "decide", lambda state, questions, workflow: asked.append(list(questions))
+                        or real_decide(state, questions, workflow=workflow))
+    result = latency.decide_timings(model, case, counts=(1, 3), calls=4, warmup=2)
+    first = list(case.questions)
+    assert asked == [first[:1], first[:3]] * (1 + 4)  # the warm-up pair, then the counts in turn
+    table = result.table()
+    assert list(table.index) == ["decide, 1 question", "decide, 3 questions"] and (table["calls"] == 4).all()
+    with pytest.raises(ValueError, match="asks up to 9 questions"):
+        latency.decide_timings(model, case, counts=(1, 9))
+
+
 def test_length_sweep_cuts_every_input_to_each_length(quick_model, splits, monkeypatch):
     from decisionkit.latency import length_sweep
 

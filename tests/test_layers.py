@@ -15,13 +15,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "decisionkit"
 
 LAYERS = [  # lowest first
     ("foundations", {"_version", "settings", "atomic", "precision", "environment", "answer_fields", "plots",
-                     "pooling"}),
+                     "pooling", "hood"}),
     ("data and the contract", {"data", "scenarios", "metrics", "systemone", "structured"}),
     ("backbone, features, heads", {"engines", "backbone", "features", "heads"}),
     ("what a model is made of", {"fitting", "answers", "routing", "saving", "presets"}),
     ("the model", {"model"}),
     ("training and measuring a model", {"training", "finetune", "calibration", "anomaly", "probe", "zeroshot",
-                                        "generative", "latency", "memory", "onnx_runtime", "numerics"}),
+                                        "generative", "latency", "memory", "onnx_runtime", "numerics",
+                                        "ensemble"}),
     ("runs and reports", {"report", "pipeline", "runs", "widgets"}),
     ("serving and the command line", {"serve_protocol", "serve", "serve_lab", "serve_ray", "cli", "__main__",
                                       "__init__"}),

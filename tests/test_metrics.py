@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 
 from decisionkit.data import Split, read_jsonl
-from decisionkit.metrics import expected_calibration_error, prior_predictions, score, uniform_predictions
+from decisionkit.metrics import (
+    expected_calibration_error,
+    paired_difference,
+    prior_predictions,
+    score,
+    uniform_predictions,
+)
 
 
 def test_uniform_row_of_the_benchmark(splits):
@@ -84,3 +90,22 @@ def test_against_majority_puts_each_head_beside_the_most_common_label(splits):
     assert (table["test accuracy"] == table["majority baseline"]).all() and (table["gain"] == 0).all()
     per_question = score(test, prior_predictions(train, test)).summary("question")
     assert table["KL"].to_dict() == pytest.approx(per_question["kl"].to_dict())
+
+
+def test_paired_difference_resamples_cases_and_brackets_the_gain(splits):
+    cases = splits["validation"]
+    uniform = score(cases, uniform_predictions(cases))
+    gold = score(cases, [{q: c.gold[q].probabilities for q in c.questions} for c in cases])
+    gain, low, high = paired_difference(uniform, gold)
+    assert gain == pytest.approx(gold.overall()["accuracy"] - uniform.overall()["accuracy"])
+    assert low < gain < high and low > 0  # the gold beats uniform answers beyond noise
+    assert paired_difference(gold, gold) == (0.0, 0.0, 0.0)
+    assert paired_difference(uniform, gold, "kl")[0] < 0  # KL falls
+    ece, low, high = paired_difference(uniform, gold, "ece", resamples=200)
+    assert ece == pytest.approx(expected_calibration_error(gold.decisions["confidence"], gold.decisions["correct"])
+                                - expected_calibration_error(uniform.decisions["confidence"], uniform.decisions["correct"]))
+    assert low <= ece <= high
+    with pytest.raises(ValueError, match="expected one of accuracy"):
+        paired_difference(uniform, gold, "f1")
+    with pytest.raises(ValueError, match="different decisions"):
+        paired_difference(uniform, score(cases.head(2), uniform_predictions(cases.head(2))))

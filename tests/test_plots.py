@@ -56,6 +56,7 @@ def test_learning_curve_figure_two_panels_and_the_floor():
     assert [a.text for a in fig.layout.annotations] == ["held-out accuracy", "soft cross-entropy",
                                                         "gold entropy (floor)"]
     assert [s.y0 for s in fig.layout.shapes] == [0.4] and fig.layout.xaxis.type == "log"
+    assert "log" in fig.layout.xaxis.title.text and fig.layout.yaxis.title.text and fig.layout.yaxis2.title.text
 
 
 def history(stage_rows: list[dict]) -> pd.DataFrame:
@@ -137,6 +138,8 @@ def test_score_distributions_one_violin_per_set_and_the_threshold():
     assert [s.y0 for s in fig.layout.shapes] == [0.5]
     assert fig.layout.annotations[0].text == "threshold: below goes to a human"
     assert len(plots.score_distributions(scores, "confidence").layout.shapes) == 0
+    assert {t.spanmode for t in fig.data} == {"hard"}  # no density past the scores seen (a confidence above 1)
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text.startswith("confidence")
 
 
 def test_answer_bars_one_panel_per_question():
@@ -168,6 +171,11 @@ def test_load_curves_one_line_per_batch_size_in_each_panel():
     assert [t.xaxis for t in fig.data] == ["x", "x2", "x", "x2"]
     assert list(fig.data[2].y) == [5.0, 9.0] and list(fig.data[3].y) == [0.1, 0.25]  # p99 in seconds
     assert fig.layout.yaxis.title.text == "requests / s" and fig.layout.yaxis2.title.text == "seconds"
+    # a p99 line wears its throughput line's colour (the legend shows one entry per batch size); both from zero
+    assert fig.data[0].line.color == fig.data[1].line.color != fig.data[2].line.color == fig.data[3].line.color
+    assert [t.showlegend for t in fig.data] == [None, False, None, False]
+    assert fig.layout.yaxis.rangemode == fig.layout.yaxis2.rangemode == "tozero"
+    assert "log" in fig.layout.xaxis.title.text
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -187,3 +195,11 @@ def test_notebook_setup_and_mimebundle_carry_a_png():
     # plotly's default 700 x 500, at the static scale
     assert (width, height) == (round(700 * plots.STATIC_SCALE), round(500 * plots.STATIC_SCALE))
     assert len(png) > 5_000
+
+
+def test_ladder_bars_one_bar_group_per_workflow_and_a_bar_per_model():
+    by_workflow = pd.DataFrame({"trees": [0.7, 0.6], "hybrid": [0.8, 0.75]}, index=["invoices", "incidents"])
+    fig = plots.ladder_bars(by_workflow)
+    assert kinds(fig) == ["bar", "bar"] and [t.name for t in fig.data] == ["trees", "hybrid"]
+    assert list(fig.data[1].y) == [0.8, 0.75] and list(fig.data[0].x) == ["invoices", "incidents"]
+    assert fig.layout.title.text and fig.layout.yaxis.title.text == "test accuracy" and fig.layout.xaxis.title.text

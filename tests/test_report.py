@@ -1,10 +1,12 @@
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
+from decisionkit.ensemble import average
 from decisionkit.metrics import score, uniform_predictions
-from decisionkit.report import REFERENCES, RunReport, comparison, finetune_table
+from decisionkit.report import REFERENCES, Ladder, RunReport, comparison, finetune_table
 from decisionkit.saving import HISTORY_FILE
 
 
@@ -76,3 +78,38 @@ def test_finetune_table_sets_the_saved_step_beside_stage_one(saved_run):
     table = finetune_table({"lora": tuned})
     assert table.loc["lora"].to_dict() == {"best step": 40, "best dev loss": 1.1, "stage-1 dev loss": 1.3,
                                            "training (min)": 1.5, "compute dtype": "bfloat16"}
+
+
+def test_an_ensemble_averages_and_a_ladder_prices_each_step(quick_model, splits):
+    _, model = quick_model
+    cases = splits["validation"].head(8)
+    alone = model.predict(cases)
+    twice = average([model, model], cases)
+    assert all(np.allclose(twice[i][q], alone[i][q]) for i in range(len(cases)) for q in alone[i])
+    with pytest.raises(ValueError, match="models is empty"):
+        average([], cases)
+    uniform = score(cases, uniform_predictions(cases))
+    ladder = Ladder({"uniform": uniform, "model": score(cases, alone), "ensemble of two copies": score(cases, twice)})
+    table = ladder.table()
+    assert list(table.index) == ["uniform", "model", "ensemble of two copies"]
+    gain = table["accuracy gain over the row above"]
+    assert np.isnan(gain.iloc[0]) and gain.iloc[1] == pytest.approx(table["accuracy"].iloc[1] - table["accuracy"].iloc[0])
+    assert gain.iloc[2] == 0 and table["95% interval, low"].iloc[2] == 0  # the same answers gain nothing
+    assert table["95% interval, low"].iloc[1] <= gain.iloc[1] <= table["95% interval, high"].iloc[1]
+    assert list(ladder.by_workflow().columns) == list(table.index)
+    fig = ladder.figure()
+    assert len(fig.data) == 3 and fig.layout.title.text and fig.layout.yaxis.title.text
+
+
+def test_the_hood_shows_the_code_the_package_runs():
+    import inspect
+
+    from decisionkit.heads import soft_cross_entropy
+    from decisionkit.hood import source
+
+    shown = source(soft_cross_entropy)
+    assert list(shown.parts) == ["decisionkit.heads.soft_cross_entropy"]
+    assert shown.parts["decisionkit.heads.soft_cross_entropy"] == inspect.getsource(soft_cross_entropy)
+    assert "```python\ndef soft_cross_entropy" in shown._repr_markdown_() and "/" not in shown._repr_markdown_().split("\n")[0]
+    with pytest.raises(ValueError, match="at least one"):
+        source()

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 import decisionkit
+from decisionkit.calibration import split_uses
 from decisionkit.data import DataError
 from decisionkit.metrics import score, uniform_predictions
 from decisionkit.scenarios import load_examples, load_scenario, load_schema
-from decisionkit.training import evaluate, preset, train
+from decisionkit.training import evaluate, preset, train, training_splits
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},
@@ -83,8 +84,11 @@ def test_csv_examples(tmp_path):
 
 
 def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
-    p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, validation_per_workflow=10,
-               features=decisionkit.FeatureSpec(max_length=96))
+    # The trainer's mechanics on few cases: the steps are picked on the 10 validation tickets (a dev slice of 10 of
+    # 50 train tickets picked step 0, the uniform start); test_scenario_presets_keep_dev_and_validation_apart checks
+    # the presets' own dev slices.
+    p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, dev_per_workflow=0,
+               validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=96))
     result = train(p, tmp_path / "tickets", progress=False)
     assert result.extra["train cases"] == 40
     assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
@@ -101,3 +105,16 @@ def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
     validation = load_scenario("tickets", "validation")
     accuracy = evaluate(model, "validation", dataset="tickets").overall()["accuracy"]
     assert accuracy > score(validation, uniform_predictions(validation)).overall()["accuracy"] + 0.1
+
+
+def test_scenario_presets_keep_dev_and_validation_apart():
+    table = split_uses("tickets")
+    assert table["cases"].to_dict() == {"train": 325, "dev (a slice of train)": 65, "validation": 46, "test": 92}
+    assert table.loc["dev (a slice of train)", "used for"] == "picks L2 and steps"
+    assert "picks" not in table.loc["validation", "used for"]
+    for name in ("tickets", "ngs-qc"):
+        _, dev, validation = training_splits(preset(name))
+        assert set(dev.ids) <= set(load_scenario(name, "train").ids) and not set(dev.ids) & set(validation.ids)
+    alone = split_uses(preset("ngs-qc", dev_per_workflow=0))  # no dev slice: validation picks and calibrates
+    assert list(alone.index) == ["train", "validation", "test"]
+    assert alone.loc["validation", "used for"].startswith("picks L2 and steps")

@@ -196,3 +196,21 @@ def test_qlora_mode_trains_adapters_on_a_4bit_backbone_and_reloads(tmp_path, mon
     probabilities = [[p for a in answers.values() for p in a.get("probabilities", {"true": a.get("noul")}).values()]
                      for answers in (model.decide(case.state, workflow=case.workflow), answered[last])]
     assert probabilities[0] == pytest.approx(probabilities[1], abs=5e-3)
+
+
+def test_step_cost_times_the_steps_train_runs_and_prices_the_epoch():
+    """cpu-encoder-quick: every MiniLM weight trains; LoRA: only the adapters; the epoch is steps-per-epoch steps."""
+    full = train_module.step_cost("cpu-encoder-quick", steps=2)
+    lora = train_module.step_cost(preset("cpu-lora-quick", features=decisionkit.FeatureSpec(max_length=32)), steps=1)
+    encoder = decisionkit.load_backbone(ENCODER_BACKBONE).model
+    assert full.trainable == sum(q.numel() for q in encoder.parameters())  # the heads stay frozen
+    assert 0 < lora.trainable < full.trainable
+    assert len(full.seconds) == 2 and all(s > 0 for s in full.seconds)
+    assert full.steps_per_epoch == math.ceil(4 * 4 / full.preset.batch_size)  # 4 cases of 4 workflows, batch 4
+    row = full.row()
+    assert row["epoch (min)"] == pytest.approx(full.step_seconds * full.steps_per_epoch / 60)
+    assert all(t <= 4 * 64 for t in full.tokens)  # cut at max_length, 4 cases a step
+    with pytest.raises(ValueError, match="mode 'heads'"):
+        train_module.step_cost("cpu-quick")
+    with pytest.raises(ValueError, match="steps an epoch"):
+        train_module.step_cost("cpu-encoder-quick", steps=10)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from decisionkit import settings
+from decisionkit.presets import preset
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "decisionkit")  # what the build reads (pyproject's readme too)
@@ -123,14 +124,16 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
                PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
     env.pop(settings.DATA_ENV, None)  # the tickets preset reads its own package data, never typed-decisions
 
-    # Validation stays whole: the steps are picked on the 46 cases calibration reads, one feature extraction for both.
+    # The steps are picked on the preset's dev slice, held out of train beside the TRAIN_CASES; the heads are then
+    # fitted again on both, and validation stays for calibration.
     _run([str(venv / "bin" / "decisionkit"), "train", "--preset", "tickets", "--out", "runs/tickets", "--quiet",
           "--train-per-workflow", str(TRAIN_CASES), "--test-per-workflow", str(TEST_CASES), "--head-steps", "100"],
          work, env, 600)
     run = work / "runs" / "tickets"
     report = json.loads((run / "report.json").read_text())
     assert report["training"]["preset"] == "tickets" and report["data"]["source"]
-    assert report["training"]["train cases"] == TRAIN_CASES and report["training"]["head steps"] <= 100
+    pool = TRAIN_CASES + preset("tickets").dev_per_workflow
+    assert report["training"]["train cases"] == pool and report["training"]["head steps"] <= 100
 
     checked = json.loads(_run([str(python), "-c", CHECK, str(run), str(TEST_CASES)], work, env, 300
                               ).stdout.strip().splitlines()[-1])
