@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import decisionkit as dk
-from decisionkit.ensemble import average
+from decisionkit.ensemble import mean_answers
 from decisionkit.metrics import paired_difference, score
 from decisionkit.precision import kernels
 
@@ -93,8 +93,9 @@ def main(argv=None) -> int:
               **kernels()}
     if len(models) > 1:
         best = max(models, key=lambda name: rows[name]["hybrid"]["accuracy"])
-        together = score(test, average(list(models.values()), test))
-        gain = paired_difference(score(test, models[best].predict(test)), together)
+        answers = {name: model.predict(test) for name, model in models.items()}  # each model's answers, once
+        together = score(test, mean_answers(list(answers.values())))
+        gain = paired_difference(score(test, answers[best]), together)
         result["ensemble"] = {"runs": list(models), **{k: together.overall()[k] for k in ("accuracy", "kl", "brier")},
                               f"accuracy gain over {best} (95% interval)": gain}
     path = Path(args.out) / f"backbones_{result['cpu_family']}.json"

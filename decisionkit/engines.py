@@ -15,10 +15,17 @@ import importlib.util
 import logging
 import warnings
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
+
+# On a bf16 CPU, bitsandbytes tries an optional hub kernel when it is imported (by transformers' 4-bit loading, and
+# by peft when it adds LoRA adapters) and warns on stderr when the `kernels` package is absent; offline it cannot be
+# fetched anyway, and bitsandbytes' own CPU kernels answer.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def model_kind(path: Path, trust_remote_code: bool = False) -> str:
@@ -46,14 +53,23 @@ def load_unsloth(resolved, quant, max_seq_length: int, trust_remote_code: bool):
 
 
 @contextmanager
-def _quiet_progress():
-    """No "Loading weights" bar for a load that takes a second; the user's own setting is restored."""
+def quiet_progress(gguf: bool = False):
+    """No progress bar from transformers for a load that takes seconds ("Loading weights", "Writing model shards":
+    its own switch), and with ``gguf`` none from its GGUF reader either (``tqdm.auto``, whose notebook bar ignores
+    ``TQDM_DISABLE`` and would stay in a saved notebook at 0%); the user's own setting is restored."""
     from transformers.utils import logging as hf_logging
 
     enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        yield
+        if gguf:
+            from tqdm.auto import tqdm
+            from transformers import modeling_gguf_pytorch_utils
+
+            with mock.patch.object(modeling_gguf_pytorch_utils, "tqdm", partial(tqdm, disable=True)):
+                yield
+        else:
+            yield
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
@@ -66,10 +82,6 @@ def load_transformers(resolved, quant, device: str, trust_remote_code: bool, kin
     if quant is not None:
         from transformers import BitsAndBytesConfig
 
-        if device == "cpu":  # on a bf16 CPU, bitsandbytes tries an optional hub kernel at import and warns when the
-            # `kernels` package is absent; offline it cannot be fetched anyway, and its own CPU kernels answer
-            logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=quant.quant_type,
@@ -79,7 +91,7 @@ def load_transformers(resolved, quant, device: str, trust_remote_code: bool, kin
         kwargs["device_map"] = {"": device}
     else:
         kwargs["dtype"] = torch.bfloat16 if device == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    with _quiet_progress():
+    with quiet_progress():
         model = (AutoModelForCausalLM if kind == "causal" else AutoModel).from_pretrained(resolved.path, **kwargs)
     if quant is None:
         model.to(device)

@@ -17,5 +17,13 @@ def average(models: Sequence, cases: Split) -> list[dict[str, np.ndarray]]:
     ``cases``, one ``{question id: probabilities}`` per case, as ``metrics.score`` takes them."""
     if not models:
         raise ValueError("models is empty; expected at least one trained decision model")
-    answers = [model.predict(cases) for model in models]
-    return [{qid: np.mean([a[i][qid] for a in answers], axis=0) for qid in answers[0][i]} for i in range(len(cases))]
+    return mean_answers([model.predict(cases) for model in models])
+
+
+def mean_answers(answers: Sequence[list[dict[str, np.ndarray]]]) -> list[dict[str, np.ndarray]]:
+    """Answers already predicted on the same cases (one list per model, as ``predict`` returns them), averaged
+    question by question."""
+    if not answers or len({len(a) for a in answers}) != 1:
+        raise ValueError("answers must hold one list per model, each with one entry per case of the same cases")
+    return [{qid: np.mean([a[i][qid] for a in answers], axis=0) for qid in answers[0][i]}
+            for i in range(len(answers[0]))]

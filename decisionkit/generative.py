@@ -41,20 +41,15 @@ from transformers.generation.streamers import BaseStreamer
 
 from . import settings
 from .data import Case, Question, Split
-from .latency import Timing, synchronize, time_calls
+from .latency import Timing, median_ratio, synchronize, tail_percentile, time_calls
 from .metrics import Scores, expected_calibration_error, score
 from .precision import Precision
 
 SYSTEM = ("You read a workflow state and answer every question about it. Reply with one JSON object only, "
           "mapping each question id to its answer, and nothing else.")
 THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+RATIO_COLUMNS = ("x decision p50", "x low (95%)", "x high (95%)")  # latency_table's ratio and its interval
 WARMUP = 1  # untimed calls before each method's timed ones (the first call pays one-time costs)
-TAIL_TIMINGS = 100  # a p99 needs at least this many timings; below it the tables show p90
-
-
-def tail_percentile(timings: int) -> int:
-    """The tail percentile a table can show from ``timings`` samples: 99 from ``TAIL_TIMINGS`` on, else 90."""
-    return 99 if timings >= TAIL_TIMINGS else 90
 
 
 class ComputeDtype:
@@ -225,7 +220,7 @@ class GenerativeResult:
     requests: pd.DataFrame
 
     def table(self, by: str | list[str] = ("method", "budget")) -> pd.DataFrame:
-        """Per method and budget: requests, median and tail latency (p99 from ``TAIL_TIMINGS`` requests, else
+        """Per method and budget: requests, median and tail latency (p99 from ``P99_MIN_TIMINGS`` requests, else
         p90), first token, cost per later token, tokens, parse and validity shares, think blocks, accuracy."""
         keys = list(by) if isinstance(by, tuple) else by
         r = self.requests.assign(ms_per_token=lambda f: (f["latency_ms"] - f["first_token_ms"])
@@ -397,17 +392,24 @@ class ABResult:
         return self.requests.groupby(["method"] + ([by] if by else []), sort=False)
 
     def latency_table(self, by: str | None = None) -> pd.DataFrame:
-        """Per method (and per ``by``, e.g. "workflow"): timings, p50 and tail latency (p99 from ``TAIL_TIMINGS``
-        timings, else p90), time to first token, each p50 over the decision model's, the compute dtype seen."""
+        """Per method (and per ``by``, e.g. "workflow"): timings, p50 and tail latency (p99 from ``P99_MIN_TIMINGS``
+        timings, else p90), time to first token, each p50 over the decision model's with a 95% bootstrap interval
+        over cases (``latency.median_ratio``), the compute dtype seen."""
         groups = self._groups(by)
         tail = tail_percentile(int(groups.size().min()))
         table = groups.agg(**{
             "timings": ("latency_ms", "size"), "p50 ms": ("latency_ms", "median"),
             f"p{tail} ms": ("latency_ms", lambda x: float(np.percentile(x, tail))),
             "first token ms": ("first_token_ms", "median"), "compute dtype": ("compute_dtype", _joined)})
-        decision = table.loc[DECISION, "p50 ms"]  # one value, or one per ``by`` group
-        table.insert(4, "x decision p50", table["p50 ms"].to_numpy() / (
-            decision.reindex(table.index.get_level_values(by)).to_numpy() if by else float(decision)))
+        ms = self.requests.pivot(index="case", columns="method", values="latency_ms")  # the same cases per method
+        group_of = self.requests.groupby("case")[by].first() if by else None
+        ratios = []
+        for key in table.index:
+            method, group = key if by else (key, None)
+            cases = group_of.index[group_of == group] if by else ms.index
+            ratios.append(median_ratio(ms.loc[cases, method], ms.loc[cases, DECISION]))
+        for i, name in enumerate(RATIO_COLUMNS):
+            table.insert(4 + i, name, [r[i] for r in ratios])
         return table
 
     def accuracy_table(self, by: str | None = None) -> pd.DataFrame:
@@ -424,11 +426,6 @@ class ABResult:
         table[["kl", "ece"]] = pd.DataFrame.from_dict(calibration, orient="index").reindex(table.index).to_numpy()
         table.insert(0, "trained", [self.trained[m] for m in table.index.get_level_values("method")])
         return table
-
-    def table(self, by: str | None = None) -> pd.DataFrame:
-        """Both tables side by side, one record of the A/B (``benchmarks/latency_lab.py`` saves it); a notebook
-        shows them apart."""
-        return self.latency_table(by).join(self.accuracy_table(by))
 
     def figure(self):
         from .plots import latency_boxes

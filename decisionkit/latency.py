@@ -44,6 +44,33 @@ from .metrics import score
 from .precision import Precision, matmul_times
 
 PERCENTILES = (50, 95, 99)
+P99_MIN_TIMINGS = 100  # fewer timings than this give no p99: it would be one of the last one or two samples
+
+
+def percentiles(samples_ms) -> dict[str, float]:
+    """p50, p95 and p99 of ``samples_ms``; the p99 is NaN below ``P99_MIN_TIMINGS`` samples."""
+    s = np.asarray(samples_ms, dtype=float)
+    return {f"p{q}": float(np.percentile(s, q)) if q < 99 or len(s) >= P99_MIN_TIMINGS else float("nan")
+            for q in PERCENTILES}
+
+
+def median_ratio(numerator_ms, denominator_ms, resamples: int = 2000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """How many times slower ``numerator_ms`` is than ``denominator_ms`` at the median, timed on the same inputs
+    (sample i of both is input i), and the percentile bootstrap interval at ``level``: inputs are resampled, the
+    same ones for both, so an input slow for both moves both medians."""
+    a, b = np.asarray(numerator_ms, dtype=float), np.asarray(denominator_ms, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"timings must pair input by input: {a.shape} against {b.shape}")
+    picks = np.random.default_rng(seed).integers(0, len(a), (resamples, len(a)))
+    draws = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.median(a) / np.median(b)), float(low), float(high)
+
+
+def tail_percentile(timings: int) -> int:
+    """The tail percentile a table can show from ``timings`` samples: 99 from ``P99_MIN_TIMINGS`` on, else 90."""
+    return 99 if timings >= P99_MIN_TIMINGS else 90
 
 
 def synchronize(device: str) -> None:
@@ -73,9 +100,10 @@ class Timing:
     samples_ms: np.ndarray
 
     def stats(self) -> dict[str, float]:
+        """Calls, mean, p50, p95, p99 (NaN below ``P99_MIN_TIMINGS`` calls), min and max."""
         s = self.samples_ms
-        return {"calls": len(s), "mean": float(s.mean()), **{f"p{q}": float(np.percentile(s, q)) for q in PERCENTILES},
-                "min": float(s.min()), "max": float(s.max())}
+        return {"calls": len(s), "mean": float(s.mean()), **percentiles(s), "min": float(s.min()),
+                "max": float(s.max())}
 
     @property
     def median(self) -> float:
@@ -299,7 +327,8 @@ def naive_scaling(backbone, case, counts=(1, 2, 3, 4, 5), max_length: int = 512,
 
     def ask(n: int) -> None:
         for batch in batches[:n]:
-            backbone.body(**batch)
+            with backbone.precision.autocast():  # the compute dtype the shared encoding it is compared with runs in
+                backbone.body(**batch)
 
     ask(1)  # warm-up
     return Scaling("one prompt + forward per question", list(counts),

@@ -37,13 +37,12 @@ import torch
 
 from .answer_fields import answer_confidence, answer_probabilities
 from .data import Split
-from .latency import hardware, time_calls
+from .latency import hardware, percentiles, time_calls
 from .metrics import score
 from .plots import load_curves
 from .serve import ENDPOINT, Batching, Limits
 from .systemone import SystemOneResponse
 
-P99_MIN_TIMINGS = 100  # fewer timings than this give no p99: it would be one of the last one or two samples
 ROUTING_SCORES = ("confidence", "raw confidence", "in-domain", "mahalanobis", "field surprise")  # shown first
 
 
@@ -107,7 +106,7 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
               max_requests: int | None = None) -> dict[str, float]:
     """``concurrency`` clients posting ``bodies`` (in turn) to ``url`` back to back, for at most ``seconds`` and
     ``max_requests`` requests in all: requests per second, latency percentiles, and how many were lost (an answer
-    other than 200, or a broken connection). The p99 is NaN below ``P99_MIN_TIMINGS`` answered requests."""
+    other than 200, or a broken connection). The p99 is NaN below ``latency.P99_MIN_TIMINGS`` answered requests."""
     latencies: list[float] = []
     lost = [0]
     sent = iter(range(max_requests or sys.maxsize))
@@ -145,8 +144,7 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
     ms = np.asarray(latencies) if latencies else np.asarray([float("nan")])
     return {"clients": concurrency, "requests": len(latencies), "lost": lost[0],
             "requests/s": len(latencies) / elapsed,
-            **{f"p{q} ms": float(np.percentile(ms, q)) if q < 99 or len(latencies) >= P99_MIN_TIMINGS else float("nan")
-               for q in (50, 95, 99)}}
+            **{f"{name} ms": value for name, value in percentiles(ms).items()}}
 
 
 def bad_requests(good: dict) -> dict[str, tuple[str, bytes]]:

@@ -149,3 +149,19 @@ def test_backbone_checksum_without_a_marker_uses_the_cache(weights_folder):
     loads = [bb.Backbone(model=None, tokenizer=None, resolved=resolved, engine="transformers", device="cpu")
              for _ in range(2)]  # two loads of the same folder: checksum is computed per Backbone
     assert [b.checksum for b in loads] == [real(folder)] * 2 and len(calls) == 1
+
+
+def test_a_conversion_shows_no_progress_bar_of_transformers():
+    from transformers import modeling_gguf_pytorch_utils
+    from transformers.utils import logging as transformers_logging
+
+    from decisionkit.engines import quiet_progress
+
+    reader_bar, shown = modeling_gguf_pytorch_utils.tqdm, transformers_logging.is_progress_bar_enabled()
+    with quiet_progress(gguf=True):  # what converting the packaged GGUF file runs under
+        assert modeling_gguf_pytorch_utils.tqdm(range(3)).disable  # the GGUF reader's bar
+        assert not transformers_logging.is_progress_bar_enabled()  # the loading and saving bars
+    assert modeling_gguf_pytorch_utils.tqdm is reader_bar and transformers_logging.is_progress_bar_enabled() == shown
+    with quiet_progress():  # a plain load: transformers' own bars only
+        assert modeling_gguf_pytorch_utils.tqdm is reader_bar and not transformers_logging.is_progress_bar_enabled()
+    assert transformers_logging.is_progress_bar_enabled() == shown

@@ -262,6 +262,12 @@ def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(q
     assert after.overall()["kl"] == pytest.approx(table.loc[("test", "after"), "kl"], abs=1e-6)
     line = report.summary("test")
     assert f"{table.loc[('test', 'after'), 'kl']:.3f} after" in line
+    change = report.change("test", before="before", after="as fitted")
+    assert list(change.index) == ["ece", "kl", "brier"]
+    for metric in ("kl", "brier"):  # a mean's change, inside its interval (ECE's bootstrap is skewed)
+        low, point, high = change.loc[metric, ["95% interval, low", "change", "95% interval, high"]]
+        assert point == pytest.approx(table.loc[("test", "as fitted"), metric] - table.loc[("test", "before"), metric])
+        assert low <= point <= high
     assert line.endswith("none (T = 1)") == (not rule["kept"].any())
     alone = calibrate_out_of_fold(decisionkit.load(path), train, validation)
     assert alone.temperatures == report.temperatures  # scoring test changed nothing

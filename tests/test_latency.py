@@ -15,11 +15,14 @@ from decisionkit.latency import Scaling, Timing, cold_start, decision_timings, h
 STATS = ["calls", "mean", "p50", "p95", "p99", "min", "max"]
 
 
-def test_timing_stats_are_ordered():
-    t = Timing("x", np.array([5.0, 1.0, 3.0, 2.0, 100.0]))
-    s = t.stats()
-    assert s["calls"] == 5 and s["min"] == 1.0 and s["max"] == 100.0 and t.median == 3.0
-    assert s["min"] <= s["p50"] <= s["p95"] <= s["p99"] <= s["max"]
+def test_timing_stats_are_ordered_and_give_a_p99_only_from_enough_calls():
+    few = Timing("x", np.array([5.0, 1.0, 3.0, 2.0, 100.0])).stats()
+    assert few["calls"] == 5 and few["min"] == 1.0 and few["max"] == 100.0 and few["p50"] == 3.0
+    assert few["min"] <= few["p50"] <= few["p95"] <= few["max"]
+    assert np.isnan(few["p99"])  # 5 timings: the p99 would be the largest one, not a tail
+    many = Timing("y", np.arange(1.0, latency.P99_MIN_TIMINGS + 1)).stats()
+    assert many["p95"] <= many["p99"] <= many["max"]
+    assert many["p99"] == pytest.approx(np.percentile(np.arange(1.0, latency.P99_MIN_TIMINGS + 1), 99))
 
 
 def test_time_calls_warms_up_then_times_every_input(monkeypatch):
@@ -74,9 +77,10 @@ def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_mo
     assert len(encodings) == 3 + 1
     assert heads.counts == [1, 8, 32] and len(heads.ms) == 3
     assert all(ms > encode_ms for ms in heads.ms)  # each point is the encoding plus its heads
-    passes = []  # the prompt length of every forward pass of the backbone
+    passes, autocast = [], []  # the prompt length of every forward pass of the backbone, and whether autocast ran
     hook = model.backbone.body.register_forward_pre_hook(
-        lambda module, args, kwargs: passes.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda module, args, kwargs: passes.append(kwargs["input_ids"].shape[1])
+        or autocast.append(torch.is_autocast_enabled("cpu")), with_kwargs=True)
     try:
         naive = naive_scaling(model.backbone, case, counts=(1, 2, 3), max_length=128, repeats=1)
     finally:
@@ -85,6 +89,8 @@ def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_mo
     assert len(passes) == 1 + (1 + 2 + 3)  # a warm-up pass, then one forward pass per question asked
     state_alone = len(model.backbone.tokenizer(case.text)["input_ids"])
     assert all(min(state_alone, 128) <= n <= 128 for n in passes)  # each pass re-reads the state (and its question)
+    # in the compute dtype of the shared encoding it is compared with
+    assert set(autocast) == {model.backbone.precision.dtype == "bfloat16"}
 
 
 def test_question_costs_time_each_question_with_its_real_trees(quick_model, splits, monkeypatch):
@@ -207,3 +213,13 @@ def test_onnx_export_gives_the_torch_features(tiny_backbone, splits, tmp_path):
     finally:
         model.backbone.precision = saved
     assert torch.allclose(OnnxEncoder(path)(batch), expected, atol=1e-3, rtol=1e-3)
+
+
+def test_median_ratio_pairs_inputs_and_brackets_the_ratio():
+    base = np.array([10.0, 20.0, 30.0, 40.0, 500.0])
+    assert latency.median_ratio(3 * base, base) == (3.0, 3.0, 3.0)  # every input 3x slower: every draw says 3
+    noisy = base * np.array([1.0, 4.0, 2.0, 3.0, 2.5])
+    ratio, low, high = latency.median_ratio(noisy, base, resamples=500)
+    assert ratio == pytest.approx(np.median(noisy) / np.median(base)) and low < ratio < high
+    with pytest.raises(ValueError, match="pair input by input"):
+        latency.median_ratio(base, base[:3])

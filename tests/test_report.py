@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decisionkit.ensemble import average
+from decisionkit.ensemble import average, mean_answers
 from decisionkit.metrics import score, uniform_predictions
 from decisionkit.report import REFERENCES, Ladder, RunReport, comparison, finetune_table
 from decisionkit.saving import HISTORY_FILE
@@ -88,6 +88,12 @@ def test_an_ensemble_averages_and_a_ladder_prices_each_step(quick_model, splits)
     assert all(np.allclose(twice[i][q], alone[i][q]) for i in range(len(cases)) for q in alone[i])
     with pytest.raises(ValueError, match="models is empty"):
         average([], cases)
+    uniform_answers = uniform_predictions(cases)  # answers already predicted average the same way, option by option
+    halfway = mean_answers([alone, uniform_answers])
+    assert all(np.allclose(halfway[i][q], (alone[i][q] + uniform_answers[i][q]) / 2) for i in range(len(cases))
+               for q in alone[i])
+    with pytest.raises(ValueError, match="one entry per case"):
+        mean_answers([alone, alone[:3]])
     uniform = score(cases, uniform_predictions(cases))
     ladder = Ladder({"uniform": uniform, "model": score(cases, alone), "ensemble of two copies": score(cases, twice)})
     table = ladder.table()

@@ -1,5 +1,5 @@
 """The saved notebooks show what a learner should read, and nothing else: no warning, no stderr, no traceback, no
-path of the machine that ran them, no float printed to 16 digits.
+path of the machine that ran them, no float printed to 16 digits, no progress bar frozen where the run left it.
 
 Reads each notebook's JSON (no kernel). Looked at: every code cell output's ``stderr`` stream and ``error``, and the
 text of its ``stdout`` and its ``text/plain``, ``text/markdown`` and ``text/html`` results (not the plotly JSON,
@@ -21,6 +21,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])(/home/|/root/|/work/|/tmp/|/Users/|/private/|[A-Z]:\\)")
 UNROUNDED = re.compile(r"(?<![\w.])-?\d+\.\d{10,}|(?<![\w.])\d\.\d+e-\d{2}")  # 10+ decimals, or a tiny e-notation
 WARNING = re.compile(r"\b\w*(Warning|Error|Exception)\b: |Traceback \(most recent call last\)")
+PROGRESS = re.compile(r"\d+%\|[^|\n]*\| *\d+/\d+")  # tqdm's "  0%|          | 0/272", as a saved widget's text
 TEXT = ("text/plain", "text/markdown", "text/html")
 # the reason each waits: what its saved run shows, fixed in the package, not yet re-run in full mode
 STALE = {
@@ -41,7 +42,7 @@ def noise(notebook: Path) -> list[str]:
             text = "".join(output.get("text", "")) + "".join(
                 "".join(value) for mime, value in output.get("data", {}).items() if mime in TEXT)
             for what, pattern in (("a path of the machine", ABSOLUTE_PATH), ("an unrounded float", UNROUNDED),
-                                  ("a warning", WARNING)):
+                                  ("a warning", WARNING), ("a progress bar", PROGRESS)):
                 if match := pattern.search(text):
                     found.append(f"{where}: {what}: {text[max(0, match.start() - 40):match.end() + 40]!r}")
     return found
@@ -61,6 +62,7 @@ def test_the_check_finds_each_kind_of_noise(tmp_path):
         {"output_type": "stream", "name": "stdout", "text": ["/home/me/runs/demo: UserWarning: stale\n"]},
         {"output_type": "execute_result", "data": {"text/plain": ["0.9964894818467177 and 9.77e-27"]}},
         {"output_type": "error", "ename": "ValueError", "evalue": "", "traceback": []},
+        {"output_type": "display_data", "data": {"text/plain": ["Loading weights:   0%|          | 0/272 [00:00<?]"]}},
     ]}, {"cell_type": "code", "execution_count": 2, "source": [], "outputs": [
         {"output_type": "execute_result", "data": {"text/plain": ["accuracy 0.769, 1e-05 tolerance, float32"]}},
     ]}]
@@ -68,7 +70,7 @@ def test_the_check_finds_each_kind_of_noise(tmp_path):
     path.write_text(json.dumps({"cells": cells}))
     found = noise(path)
     assert [f.split(": ")[1] for f in found] == ["stderr", "a path of the machine", "a warning",
-                                                "an unrounded float", "a traceback (ValueError)"]
+                                                "an unrounded float", "a traceback (ValueError)", "a progress bar"]
     assert all(f.startswith("cell 0 [1]") for f in found)  # the clean second cell is not flagged
 
 

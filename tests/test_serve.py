@@ -350,7 +350,7 @@ def test_bounded_load_test_loses_nothing(served, cases):
     result = load_test(f"{server.url}{ENDPOINT}", [good_body(name, c) for c in cases], concurrency=4, seconds=120,
                        max_requests=8)
     assert result["requests"] == 8 and result["lost"] == 0 and result["p50 ms"] <= result["p95 ms"]
-    assert math.isnan(result["p99 ms"])  # 8 timings give no p99 (serve_lab.P99_MIN_TIMINGS)
+    assert math.isnan(result["p99 ms"])  # 8 timings give no p99 (latency.P99_MIN_TIMINGS)
 
 
 def test_request_limits_keep_stalled_uploads_off_the_model_and_answer_503_with_retry_after():
