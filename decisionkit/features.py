@@ -177,15 +177,18 @@ def extract_features(
     start = time.perf_counter()
     bar = tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch",
                disable=not progress or settings.progress_hidden())
-    for lo in bar:
-        rows = order[lo:lo + batch_size]
-        enc = encode(backbone, [texts[i] for i in rows], max_length)
-        for layer in layers:
-            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
-                key = f"{method}@{layer}"
-                if key not in pooled:
-                    pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
-                pooled[key][rows] = vectors.cpu().numpy()
+    # one cast of the frozen weights for the whole extraction, not one per forward pass (the same features to the
+    # last bit: ``Precision.frozen_weights_cast``)
+    with backbone.precision.frozen_weights_cast(backbone.model):
+        for lo in bar:
+            rows = order[lo:lo + batch_size]
+            enc = encode(backbone, [texts[i] for i in rows], max_length)
+            for layer in layers:
+                for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
+                    key = f"{method}@{layer}"
+                    if key not in pooled:
+                        pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+                    pooled[key][rows] = vectors.cpu().numpy()
     seconds = (time.perf_counter() - start) / max(len(texts), 1)
     features = Features(cases.ids, layers, pooled, seconds, from_cache=False)
     if path is not None:

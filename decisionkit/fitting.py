@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from . import settings
 from .data import Split
 from .heads import HeadSet, Targets, decision_loss, targets, weight_norm
-from .structured import StructuredPart
+from .structured import TREE_ROUNDS, StructuredPart
 
 STRUCTURED_FOLDS = 5  # folds of train the hybrid's mixing weights are chosen on
 
@@ -108,15 +108,18 @@ class Fold:
     structured: StructuredPart | None
 
 
-def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False):
+def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False,
+              rounds: int | None = None):
     """Yield a ``Fold`` for each of ``folds`` folds of ``cases`` (``features``: theirs, standardized): heads fitted
     on the other folds by ``model.head_recipe``, and with ``structured`` the trees too (at the model's mixing
-    weights, if it has them). The folds are the same for every call on the same cases."""
+    weights and boosting rounds, if it has them; else at ``rounds``). The folds are the same for every call on the
+    same cases."""
     fold = np.random.default_rng(0).permutation(len(cases)) % folds
     weights = model.structured.weights if model.structured is not None else None
+    rounds = model.structured.rounds if model.structured is not None else rounds or TREE_ROUNDS
     for k in range(folds):
         inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         rest = Split(f"{cases.name} - fold {k}", [cases[i] for i in inside], cases.source)
         heads = HeadSet(model.schema, features.shape[1]).to(features.device)
         refit_heads(heads, rest, features[inside], model.head_recipe)
-        yield Fold(inside, held, heads.eval(), StructuredPart.fit(rest, weights) if structured else None)
+        yield Fold(inside, held, heads.eval(), StructuredPart.fit(rest, weights, rounds=rounds) if structured else None)

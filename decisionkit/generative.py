@@ -18,6 +18,10 @@ Every method computes in the backbone's compute dtype, ``backbone.precision`` (w
 the device when the backbone loaded), through its one context, ``Precision.autocast()``: the decision pass enters it
 in ``features.hidden_states``, generation and option scoring here. ``ComputeDtype`` notes the dtype the backbone's
 first linear layer really produced during each method, so the A/B records it per request instead of assuming it.
+Under bfloat16, generation also casts the frozen weights once per request (``Precision.frozen_weights_cast``), as
+the decision pass's one forward does through autocast: without it, autocast cast every weight again for every
+generated token, and decoding ran slower in bfloat16 than in float32 on the AMD CPU measured. Each request pays one
+cast, whatever the method.
 
 None of the generative baselines is trained: they ask the backbone as it is (zero-shot). ``training_cost`` measures
 what training one on the gold replies would cost here, at least, so that a notebook can say why none was.
@@ -200,7 +204,7 @@ def generate_json(backbone, case: Case, max_new_tokens: int, constrained: bool =
     inputs = inputs.to(backbone.device)
     clock = FirstTokenClock(backbone.device)
     processors = LogitsProcessorList([SchemaConstraint(backbone.tokenizer, answer_schema(case))] if constrained else [])
-    with backbone.precision.autocast():
+    with backbone.precision.autocast(), backbone.precision.frozen_weights_cast(backbone.model):
         out = backbone.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, streamer=clock,
                                       logits_processor=processors, pad_token_id=backbone.tokenizer.eos_token_id)
     synchronize(backbone.device)

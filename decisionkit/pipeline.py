@@ -45,6 +45,7 @@ def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_s
     if route and p.dataset == "typed-decisions":
         router = fit_router(model, splits["train"], splits["validation"])
         off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
+        off = off.per_kind(p.off_domain_per_kind) if p.off_domain_per_kind else off  # quick presets: every kind, fewer
         sent = evaluate_scores(model, splits["test"], off).routed().groupby(level="set").apply(
             lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
         routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,

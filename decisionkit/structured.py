@@ -39,7 +39,16 @@ MIN_COUNT = 3  # a category value becomes a column once it occurs in this many t
 MAX_CATEGORY_CHARS = 40  # longer strings are free text: the language model reads them, the fields keep the length
 MAX_CATEGORIES = 30  # most frequent values kept per categorical path
 EXPECTED = 0.9  # a path in this share of a workflow's train states or more is expected: its absence is a surprise
-TREE_SETTINGS = dict(max_iter=150, learning_rate=0.05, max_leaf_nodes=15, min_samples_leaf=8, l2_regularization=1.0)
+TREE_ROUNDS = 150  # boosting rounds of the full recipe, at a learning rate of 0.05
+TREE_SHRINKAGE = 7.5  # rounds x learning rate: fewer rounds (quick presets) take proportionally larger steps
+TREE_SETTINGS = dict(max_leaf_nodes=15, min_samples_leaf=8, l2_regularization=1.0)
+
+
+def tree_settings(rounds: int = TREE_ROUNDS) -> dict:
+    """The trees' scikit-learn settings at ``rounds`` boosting rounds (their time grows with the rounds)."""
+    if rounds < 1:
+        raise ValueError(f"tree rounds is {rounds}; expected a positive number of boosting rounds")
+    return {"max_iter": rounds, "learning_rate": TREE_SHRINKAGE / rounds, **TREE_SETTINGS}
 
 
 def _leaves(value: Any, path: str, out: list[tuple[str, Any]]) -> None:
@@ -235,8 +244,9 @@ class Trees:
     ARRAYS = ("baseline", "roots", "feature", "threshold", "missing_left", "left", "right", "leaf", "value")
 
     @classmethod
-    def fit(cls, x: np.ndarray, gold: np.ndarray, seed: int = 0, **settings) -> "Trees":
-        """Fit on features ``x`` (cases x columns, NaN missing) against soft ``gold`` (cases x options)."""
+    def fit(cls, x: np.ndarray, gold: np.ndarray, seed: int = 0, rounds: int = TREE_ROUNDS) -> "Trees":
+        """Fit on features ``x`` (cases x columns, NaN missing) against soft ``gold`` (cases x options), with
+        ``rounds`` boosting rounds (``tree_settings``)."""
         from sklearn.ensemble import HistGradientBoostingClassifier
         from threadpoolctl import threadpool_limits
 
@@ -244,7 +254,7 @@ class Trees:
         rows, labels, weights = _expanded(x, gold)
         if len(np.unique(labels)) < 2 or x.shape[1] == 0:  # one option ever weighed, or no field to split on
             return cls.prior(gold.mean(axis=0))
-        model = HistGradientBoostingClassifier(**{**TREE_SETTINGS, **settings}, early_stopping=False,
+        model = HistGradientBoostingClassifier(**tree_settings(rounds), early_stopping=False,
                                                random_state=seed)
         # One OpenMP thread: a workflow's few hundred rows are too few to share, and on 2 cores the threads'
         # spin-waits cost more than the work, by an order of magnitude when another process holds a core.
@@ -380,21 +390,22 @@ class StructuredPart:
     fields: dict[str, Fields]
     trees: dict[str, dict[str, Trees]]
     weights: dict[str, dict[str, float]]
+    rounds: int = TREE_ROUNDS  # boosting rounds of every tree (``tree_settings``): what a refit on folds uses
 
     @classmethod
-    def fit(cls, cases: Split, weights: dict[str, dict[str, float]] | None = None, seed: int = 0
-            ) -> "StructuredPart":
-        """Fields and trees per workflow, fitted on ``cases`` against their soft gold; ``weights`` default to 1 (the
-        heads alone): set them from out-of-fold predictions (``mix_weight``)."""
+    def fit(cls, cases: Split, weights: dict[str, dict[str, float]] | None = None, seed: int = 0,
+            rounds: int = TREE_ROUNDS) -> "StructuredPart":
+        """Fields and trees per workflow, fitted on ``cases`` against their soft gold with ``rounds`` boosting
+        rounds; ``weights`` default to 1 (the heads alone): set them from out-of-fold predictions (``mix_weight``)."""
         fields, trees = {}, {}
         for workflow in dict.fromkeys(cases.case_workflows):
             mine = [c for c in cases if c.workflow == workflow]
             fields[workflow] = Fields.fit([c.state for c in mine])
             x = fields[workflow].encode([c.state for c in mine])
-            trees[workflow] = {qid: Trees.fit(x, np.stack([c.gold[qid].probabilities for c in mine]), seed)
+            trees[workflow] = {qid: Trees.fit(x, np.stack([c.gold[qid].probabilities for c in mine]), seed, rounds)
                                for qid in mine[0].questions}
         weights = weights or {w: dict.fromkeys(qs, 1.0) for w, qs in trees.items()}
-        return cls(fields, trees, weights)
+        return cls(fields, trees, weights, rounds)
 
     def table(self) -> pd.DataFrame:
         """The mixing weights, one row per (workflow, question), with the fields each workflow's trees read."""
@@ -440,11 +451,12 @@ class StructuredPart:
     def config(self) -> dict:
         return {"fields": {w: f.to_json() for w, f in self.fields.items()},
                 "trees": {w: {q: t.config() for q, t in qs.items()} for w, qs in self.trees.items()},
-                "weights": self.weights, "tree_settings": TREE_SETTINGS}
+                "weights": self.weights, "tree_settings": tree_settings(self.rounds)}
 
     @classmethod
     def from_saved(cls, config: dict, arrays: dict[str, np.ndarray]) -> "StructuredPart":
         trees = {w: {q: Trees.from_saved(c, arrays, f"structured.{w}/{q}") for q, c in qs.items()}
                  for w, qs in config["trees"].items()}
+        rounds = config.get("tree_settings", {}).get("max_iter", TREE_ROUNDS)
         return cls({w: Fields.from_json(f) for w, f in config["fields"].items()}, trees,
-                   {w: dict(qs) for w, qs in config["weights"].items()})
+                   {w: dict(qs) for w, qs in config["weights"].items()}, rounds)

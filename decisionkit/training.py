@@ -40,7 +40,7 @@ from .metrics import Scores, score
 from .model import DecisionModel, DecisionOutput, load
 from .presets import Preset, preset
 from .saving import HISTORY_FILE
-from .structured import StructuredPart, mix_weights, mixed
+from .structured import TREE_ROUNDS, StructuredPart, mix_weights, mixed
 
 PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
 
@@ -70,14 +70,14 @@ class StructuredFit:
         return self.scores["accuracy"].unstack("part")[list(PARTS)]
 
 
-def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int = STRUCTURED_FOLDS
-                   ) -> StructuredFit:
+def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int = STRUCTURED_FOLDS,
+                   rounds: int = TREE_ROUNDS) -> StructuredFit:
     """Make ``model`` the hybrid: trees on the fields of ``cases`` (the heads' training cases; ``features``: theirs,
     standardized), averaged with the heads at a weight per question chosen on out-of-fold predictions of both (each
     case scored by heads and trees fitted on the other folds), then fitted on every case."""
     heads: list[dict] = [{} for _ in cases]
     trees: list[dict] = [{} for _ in cases]
-    for fold in cross_fit(model, cases, features, folds, structured=True):
+    for fold in cross_fit(model, cases, features, folds, structured=True, rounds=rounds):
         held = [cases[i] for i in fold.held]
         with torch.no_grad():
             output = model.read(features[fold.held], [c.workflow for c in held], heads=fold.heads)
@@ -95,7 +95,7 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
     for part, predictions in zip(PARTS, (heads, trees, hybrid)):
         scores = score(cases, predictions)
         frames[part] = pd.concat([scores.summary("workflow"), scores.summary()])[["accuracy", "kl"]]
-    model.structured = StructuredPart.fit(cases, weights)
+    model.structured = StructuredPart.fit(cases, weights, rounds=rounds)
     return StructuredFit(pd.concat(frames, names=["part", "workflow"]), weights)
 
 
@@ -205,7 +205,7 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
             refit_heads(model.heads, pool, train_x, fit.recipe)
             extra["train cases"] = len(pool)
         if p.structured:
-            hybrid = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x)
+            hybrid = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x, rounds=p.tree_rounds)
             extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid.scores.loc[(part, "all"), "accuracy"]), 4)
                           for part in PARTS})
         model.save(out)

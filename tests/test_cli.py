@@ -12,7 +12,7 @@ from decisionkit.report import RunReport
 def tiny_demo_preset(monkeypatch):
     """The demo's preset, shrunk: the command's path is the same, the sizes are test-sized."""
     tiny = presets.preset("cpu-fast", train_per_workflow=3, test_per_workflow=3, dev_per_workflow=2, head_steps=20,
-                           features=FeatureSpec(max_length=48))
+                           features=FeatureSpec(max_length=48), tree_rounds=30, off_domain_per_kind=3)
     monkeypatch.setitem(presets.PRESETS, "cpu-fast", tiny)
 
 

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from decisionkit.features import default_layers, encode, extract_features, padding_pitfall
 from decisionkit.pooling import pool
@@ -47,6 +48,18 @@ def test_batching_does_not_change_features(backbone, small, dtype, monkeypatch):
         else:
             moved = np.linalg.norm(one.arrays[key] - two.arrays[key], axis=1) / np.linalg.norm(one.arrays[key], axis=1)
             assert moved.max() < 0.02, (key, moved)
+
+
+def test_extraction_casts_the_weights_once_and_gives_autocasts_features_to_the_last_bit(backbone, small,
+                                                                                         monkeypatch):
+    """Under bfloat16 an extraction casts the frozen weights once for all its cases; each case's features equal its
+    own forward pass under autocast alone, bit for bit, and the float32 weights are back afterwards."""
+    monkeypatch.setattr(backbone, "precision", Precision("cpu", "bfloat16", "test"))
+    features = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=1, cache=False)
+    assert all(p.dtype == torch.float32 for p in backbone.model.parameters())
+    for i, case in enumerate(small):
+        enc = encode(backbone, [case.text], max_length=96)  # autocast alone: weights cast at every call
+        np.testing.assert_array_equal(features.get("mean", 30)[i], pool(enc.hidden[30], enc.attention_mask, "mean")[0].numpy())
 
 
 def test_bad_layer_and_pooling_are_named(backbone, small):

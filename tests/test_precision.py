@@ -52,3 +52,24 @@ def test_autocast_runs_matmuls_in_the_chosen_dtype():
         assert (x @ x).dtype == torch.bfloat16
     with precision.Precision("cpu", "float32", "test").autocast():
         assert (x @ x).dtype == torch.float32
+
+
+def test_a_cast_made_once_gives_autocasts_logits_to_the_last_bit_and_puts_the_weights_back(tiny_backbone):
+    """Decoding casts the frozen weights once (``frozen_weights_cast``) instead of autocast casting them per call:
+    the same logits, bit for bit; the float32 weights (and the tied LM head) are back afterwards."""
+    model = tiny_backbone.model
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    before = {name: p for name, p in model.named_parameters()}
+    bfloat16 = precision.Precision("cpu", "bfloat16", "test")
+    with torch.no_grad(), bfloat16.autocast():
+        reference = model(ids).logits
+        with bfloat16.frozen_weights_cast(model):
+            linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+            assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+            cast = model(ids).logits
+    assert reference.dtype == cast.dtype == torch.bfloat16 and torch.equal(reference, cast)
+    assert {name: p for name, p in model.named_parameters()} == before  # the same float32 tensors, not copies
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied again
+    with precision.Precision("cpu", "float32", "test").frozen_weights_cast(model):  # float32: nothing changes
+        assert all(p.dtype == torch.float32 for p in model.parameters())

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from decisionkit.structured import Fields, StructuredPart, Trees, leaves, mix_weight
+from decisionkit.structured import TREE_ROUNDS, Fields, StructuredPart, Trees, leaves, mix_weight, tree_settings
 
 STATES = [
     {"invoice": {"total_usd": 100.0 + i, "lines": [{"qty": 2, "sku": "A"}, {"qty": i, "sku": "B"}], "paid": i % 2 == 0,
@@ -118,6 +118,17 @@ def test_trees_fit_the_soft_gold_a_constant_question_and_states_without_fields()
         np.zeros((1, 0))), [[0.4, 0.6]])
 
 
+def test_fewer_boosting_rounds_take_proportionally_larger_steps():
+    assert tree_settings(30)["learning_rate"] == pytest.approx(5 * tree_settings()["learning_rate"])
+    with pytest.raises(ValueError, match="tree rounds is 0"):
+        tree_settings(0)
+    x = np.linspace(0, 1, 40)[:, None]
+    gold = np.stack([1 - x[:, 0], x[:, 0]], axis=1)
+    quick = Trees.fit(x, gold, rounds=30)
+    assert quick.roots.shape[0] == 30  # one tree a round (two options: one logit)
+    assert quick.probabilities(np.array([[0.05]]))[0, 0] > 0.6
+
+
 def test_mix_weight_follows_the_better_part():
     gold = np.eye(2)[np.arange(50) % 2]
     good, bad = 0.9 * gold + 0.05, np.full((50, 2), 0.5)
@@ -138,6 +149,8 @@ def test_the_hybrid_model_saves_reloads_and_answers_any_state(quick_model, split
     cases = splits["test"].head(2)
     path = model.save(tmp_path / "hybrid")
     again = dk.load(path)
+    # the quick preset's boosting rounds, kept through saving: the router's refits on folds use them
+    assert model.structured.rounds == again.structured.rounds == dk.preset("cpu-quick").tree_rounds < TREE_ROUNDS
     for a, b in zip(model.predict(cases), again.predict(cases)):
         for qid in a:
             np.testing.assert_allclose(a[qid], b[qid], atol=1e-6)
