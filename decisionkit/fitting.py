@@ -109,14 +109,14 @@ class Fold:
 
 
 def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False,
-              rounds: int | None = None):
+              rounds: int = TREE_ROUNDS):
     """Yield a ``Fold`` for each of ``folds`` folds of ``cases`` (``features``: theirs, standardized): heads fitted
     on the other folds by ``model.head_recipe``, and with ``structured`` the trees too (at the model's mixing
     weights and boosting rounds, if it has them; else at ``rounds``). The folds are the same for every call on the
     same cases."""
     fold = np.random.default_rng(0).permutation(len(cases)) % folds
     weights = model.structured.weights if model.structured is not None else None
-    rounds = model.structured.rounds if model.structured is not None else rounds or TREE_ROUNDS
+    rounds = model.structured.rounds if model.structured is not None else rounds
     for k in range(folds):
         inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         rest = Split(f"{cases.name} - fold {k}", [cases[i] for i in inside], cases.source)
