@@ -9,7 +9,8 @@ model's backbone, the same test cases are decoded greedily (free JSON) and decid
 round by round so that a drift in the machine's speed falls on each alike: float32; bfloat16 with the weights cast
 at every call (autocast alone); bfloat16 with them cast once per request. It writes the median time to the first
 token, per later token and per ``decide`` call of each, whether the replies are the same text, and the CPU's
-kernels. ``decide`` itself runs under autocast alone in both bfloat16 settings.
+kernels. ``decide`` follows the same setting: in the last, it reads the copies kept since the first call (it casts
+nothing); ``decide_latency.py`` times it apart.
 """
 
 import argparse

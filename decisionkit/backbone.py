@@ -314,6 +314,21 @@ class Backbone:
             return json.loads(marker.read_text())["weights_sha256"]
         return cached_weights_sha256(self.resolved.path)
 
+    def truncate(self, depth: int) -> None:
+        """Keep only the first ``depth`` layers (the rest are dropped from memory): a forward pass then computes
+        what those layers give and nothing past them, with the same values. For an encoder whose reader needs no
+        deeper layer; a causal LM is kept whole, since its next-token head (zero-shot, generation) reads the last."""
+        if not 1 <= depth <= self.num_layers:
+            raise ValueError(f"depth is {depth}; the backbone has layers 1..{self.num_layers}")
+        stacks = [(parent, name) for parent in self.body.modules() for name, child in parent.named_children()
+                  if isinstance(child, torch.nn.ModuleList) and len(child) == self.num_layers]
+        if len(stacks) != 1:
+            raise BackboneError(f"cannot tell the layer stack of {self.name}: {len(stacks)} lists of "
+                                f"{self.num_layers} modules")
+        parent, name = stacks[0]
+        setattr(parent, name, getattr(parent, name)[:depth])
+        self.config.num_hidden_layers = depth
+
     def parameter_counts(self) -> tuple[int, int]:
         """(trainable, total) parameters; 4-bit weights count the values they stand for."""
         trainable = total = 0

@@ -4,6 +4,9 @@ Frozen features are what a heads-only decision model trains on, and what the poo
 The cache key covers the backbone's weights, the rendered texts (so the rendering version), the truncation
 length and the layers, so a change to any of them extracts again instead of reusing stale vectors.
 
+The same pass can keep one layer's states at every real token (``token_layers``: ``TokenStates``, float16, cached
+beside the pooled vectors under the same key plus the layer): what a token head (``token_head.py``) reads.
+
 A decision model reads one of these vectors (``FeatureSpec``: a pooling of a few layers, concatenated), standardized
 with its training features' statistics (``standardization``); ``split_pooled``, ``split_features`` and
 ``split_output`` give a model's features and output for a whole split, from the cache when its backbone is frozen.
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -92,8 +95,9 @@ def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT
 
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Every layer's hidden states for a tokenized batch, in the backbone's compute dtype, returned as float32
-    (gradients flow: training uses this too)."""
-    with backbone.precision.autocast():
+    (gradients flow: training uses this too). Under bfloat16 the frozen weights are the copies cast once per process
+    (``Precision.frozen_weights_cast``), not cast again by autocast on every call."""
+    with backbone.precision.autocast(), backbone.precision.frozen_weights_cast(backbone.model):
         out = backbone.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True)
     return tuple(h.float() for h in out.hidden_states)
@@ -116,6 +120,7 @@ class Features:
     arrays: dict[str, np.ndarray]
     seconds_per_case: float  # measured when the features were extracted (kept in the cache)
     from_cache: bool
+    tokens: dict[int, "TokenStates"] = field(default_factory=dict)  # layer -> its token states, when asked for
 
     def get(self, pooling: str = "last", layer: int | None = None) -> np.ndarray:
         layer = self.layers[-1] if layer is None else layer
@@ -127,6 +132,48 @@ class Features:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+@dataclass
+class TokenStates:
+    """One layer's hidden states at every real token of each case (the attention mask's ones, after the cut at
+    ``max_length``), in float16: case ``i``'s tokens are ``states[offsets[i]:offsets[i + 1]]``."""
+
+    ids: list[str]
+    layer: int
+    offsets: np.ndarray  # (cases + 1,) int64
+    states: np.ndarray  # (tokens of every case, hidden) float16
+
+    def __post_init__(self):
+        self._row = {case_id: i for i, case_id in enumerate(self.ids)}
+
+    def get(self, case_id: str) -> np.ndarray:
+        """The (tokens, hidden) states of one case."""
+        i = self._row[case_id]
+        return self.states[self.offsets[i]:self.offsets[i + 1]]
+
+    def length(self, case_id: str) -> int:
+        i = self._row[case_id]
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    @property
+    def dim(self) -> int:
+        return self.states.shape[1]
+
+    def batch(self, ids: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cases ``ids`` padded on the right into one float32 batch: (cases, longest, hidden) states and the
+        (cases, longest) mask of real tokens."""
+        parts = [self.get(i) for i in ids]
+        x = np.zeros((len(parts), max(len(p) for p in parts), self.dim), dtype=np.float32)
+        mask = np.zeros(x.shape[:2], dtype=bool)
+        for row, part in enumerate(parts):
+            x[row, :len(part)], mask[row, :len(part)] = part, True
+        return torch.from_numpy(x), torch.from_numpy(mask)
+
+    @classmethod
+    def from_rows(cls, ids: list[str], layer: int, rows: Sequence[np.ndarray]) -> "TokenStates":
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+        return cls(ids, layer, offsets, np.concatenate(rows).astype(np.float16))
 
 
 def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int]) -> str:
@@ -149,51 +196,67 @@ def extract_features(
     *,
     layers: Sequence[int] | None = None,
     max_length: int = DEFAULT_MAX_LENGTH,
+    token_layers: Sequence[int] = (),
     batch_size: int | None = None,
     cache: bool = True,
     cache_dir: str | Path | None = None,
     progress: bool = True,
 ) -> Features:
-    """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case.
+    """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case; with
+    ``token_layers``, the same pass also keeps those layers' states at every real token (``Features.tokens``).
 
     On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16.
     A backbone that is training (LoRA adapters, or every weight) changes its features, so they are not cached.
     """
     layers = tuple(layers or default_layers(backbone.num_layers))
-    bad = [layer for layer in layers if not 1 <= layer <= backbone.num_layers]
+    token_layers = tuple(token_layers)
+    bad = [layer for layer in layers + token_layers if not 1 <= layer <= backbone.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range; the backbone has layers 1..{backbone.num_layers}")
     texts = cases.texts
     cache = cache and backbone.frozen
-    path = None
+    path, token_paths = None, {}
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
-        path = root / "features" / f"{_cache_key(backbone, texts, max_length, layers)}.safetensors"
-        if path.is_file():
-            return _load(path)
+        key = _cache_key(backbone, texts, max_length, layers)
+        path = root / "features" / f"{key}.safetensors"
+        # token states are keyed by the same texts, weights, dtype, rendering and cut, and by their own layer
+        token_paths = {layer: root / "features" / f"{_cache_key(backbone, texts, max_length, (layer,))}"
+                       f".tokens.safetensors" for layer in token_layers}
+        if path.is_file() and all(p.is_file() for p in token_paths.values()):
+            features = _load(path)
+            features.tokens = {layer: _load_tokens(p) for layer, p in token_paths.items()}
+            return features
     batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
     order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
     pooled: dict[str, np.ndarray] = {}
+    tokens: dict[int, list] = {layer: [None] * len(texts) for layer in token_layers}
     start = time.perf_counter()
     bar = tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch",
                disable=not progress or settings.progress_hidden())
-    # one cast of the frozen weights for the whole extraction, not one per forward pass (the same features to the
-    # last bit: ``Precision.frozen_weights_cast``)
-    with backbone.precision.frozen_weights_cast(backbone.model):
-        for lo in bar:
-            rows = order[lo:lo + batch_size]
-            enc = encode(backbone, [texts[i] for i in rows], max_length)
-            for layer in layers:
-                for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
-                    key = f"{method}@{layer}"
-                    if key not in pooled:
-                        pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
-                    pooled[key][rows] = vectors.cpu().numpy()
+    for lo in bar:
+        rows = order[lo:lo + batch_size]
+        enc = encode(backbone, [texts[i] for i in rows], max_length)
+        for layer in layers:
+            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
+                key = f"{method}@{layer}"
+                if key not in pooled:
+                    pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+                pooled[key][rows] = vectors.cpu().numpy()
+        real = enc.attention_mask.bool().cpu()
+        for layer in token_layers:
+            states = enc.hidden[layer].cpu()
+            for j, i in enumerate(rows):
+                tokens[layer][i] = states[j][real[j]].numpy().astype(np.float16)
     seconds = (time.perf_counter() - start) / max(len(texts), 1)
-    features = Features(cases.ids, layers, pooled, seconds, from_cache=False)
+    features = Features(cases.ids, layers, pooled, seconds, from_cache=False,
+                        tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()})
     if path is not None:
         _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
                                     "seconds_per_case": repr(seconds)})
+        for layer, states in features.tokens.items():
+            _save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
+                         {"ids": json.dumps(cases.ids), "layer": str(layer)})
     return features
 
 
@@ -226,13 +289,22 @@ def split_output(model, cases: Split, loss: bool = False):
                       states=cases.states)
 
 
-def _load(path: Path) -> Features:
+def _metadata(path: Path) -> dict[str, str]:
     from safetensors import safe_open
 
     with safe_open(str(path), framework="np") as handle:
-        meta = handle.metadata()
+        return handle.metadata()
+
+
+def _load(path: Path) -> Features:
+    meta = _metadata(path)
     return Features(json.loads(meta["ids"]), tuple(json.loads(meta["layers"])), load_file(str(path)),
                     float(meta["seconds_per_case"]), from_cache=True)
+
+
+def _load_tokens(path: Path) -> TokenStates:
+    meta, arrays = _metadata(path), load_file(str(path))
+    return TokenStates(json.loads(meta["ids"]), int(meta["layer"]), arrays["offsets"], arrays["states"])
 
 
 @dataclass

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +22,9 @@ from tqdm.auto import tqdm
 
 from . import settings
 from .data import Split
-from .heads import HeadSet, Targets, decision_loss, targets, weight_norm
-from .structured import TREE_ROUNDS, StructuredPart
+from .features import standardization
+from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets, weight_norm
+from .structured import TREE_ROUNDS, StructuredPart, blend, part_weights
 
 STRUCTURED_FOLDS = 5  # folds of train the hybrid's mixing weights are chosen on
 
@@ -97,6 +99,73 @@ def refit_heads(heads: HeadSet, cases: Split, x: torch.Tensor, recipe: HeadRecip
         pass
 
 
+def heads_answers(pooled: dict[str, np.ndarray], recipe: HeadRecipe):
+    """``answers(fitted_on, asked)``, a part ``mix_out_of_fold`` mixes: linear heads fitted from zero by ``recipe``
+    on the pooled features of the Split ``fitted_on`` (``pooled``: case id -> vector; standardized with
+    ``fitted_on``'s statistics), answering ``asked`` (question -> probabilities, per case)."""
+    def answers(fitted_on: Split, asked: Split) -> list[dict[str, np.ndarray]]:
+        x = np.stack([pooled[i] for i in fitted_on.ids])
+        mean, std = standardization(x)
+        heads = HeadSet(fitted_on.schema(), x.shape[1])
+        refit_heads(heads, fitted_on, torch.as_tensor((x - mean) / std, dtype=torch.float32), recipe)
+        out: list[dict[str, np.ndarray]] = [{} for _ in asked]
+        rows = group_rows(asked.case_workflows)
+        with torch.no_grad():
+            asked_x = torch.as_tensor((np.stack([pooled[i] for i in asked.ids]) - mean) / std, dtype=torch.float32)
+            for workflow, logits in heads.read(asked_x, rows).items():
+                for qid, z in logits.items():
+                    for i, p in zip(rows[workflow], calibrated(z).double().numpy()):
+                        out[i][qid] = p
+        return out
+    return answers
+
+
+def fold_assignment(cases: int, folds: int) -> np.ndarray:
+    """Each of ``cases`` cases' fold, the same for every call: a seeded permutation, dealt round robin."""
+    return np.random.default_rng(0).permutation(cases) % folds
+
+
+@dataclass
+class OutOfFoldMix:
+    """Parts of a model fitted on training cases, each alone and mixed with trees on the fields, and all of them with
+    the trees (``mix_out_of_fold``), answering the scored cases."""
+
+    alone: dict[str, list[dict]]  # part -> its answers, fitted on every training case
+    hybrid: dict[str, list[dict]]  # part -> w * part + (1 - w) * trees
+    together: list[dict]  # every part and the trees, weighted (the same as ``hybrid`` for one part)
+    weights: dict[str, dict]  # part name, or "together" -> workflow -> question -> the weights (the trees' last)
+    seconds: float  # every fit: the parts' and the trees' on the folds and on all of train
+
+
+def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUCTURED_FOLDS,
+                    rounds: int = TREE_ROUNDS) -> OutOfFoldMix:
+    """Mix parts with trees on the fields as a hybrid mixes its heads. A part is a function
+    ``answers(fitted_on, asked)`` that fits it on the Split ``fitted_on`` and returns its probabilities on ``asked``
+    (question -> probabilities, per case). Every part and the trees answer each fold of ``train`` fitted on the other
+    folds (the trees once per fold for all parts); those answers choose the weights per question
+    (``structured.part_weights``): of each part with the trees, and of all parts with the trees. Then all are fitted
+    on ``train`` and answer ``scored``."""
+    started = time.perf_counter()
+    held_out = {name: [{} for _ in train] for name in [*parts, "trees"]}
+    fold = fold_assignment(len(train), folds)
+    for k in range(folds):
+        inside = Split(f"{train.name} - fold {k}", [c for c, f in zip(train, fold) if f != k], train.source)
+        held = Split(f"{train.name}, fold {k}", [c for c, f in zip(train, fold) if f == k], train.source)
+        answers = {"trees": StructuredPart.fit(inside, rounds=rounds).answers(held),
+                   **{name: part(inside, held) for name, part in parts.items()}}
+        for name, found in answers.items():
+            for i, own in zip(np.flatnonzero(fold == k), found):
+                held_out[name][i] = own
+    final = {"trees": StructuredPart.fit(train, rounds=rounds).answers(scored),
+             **{name: part(train, scored) for name, part in parts.items()}}
+    weights = {name: part_weights(train, [held_out[name], held_out["trees"]]) for name in parts}
+    weights["together"] = part_weights(train, [held_out[name] for name in [*parts, "trees"]])
+    return OutOfFoldMix({name: final[name] for name in parts},
+                        {name: blend(scored, [final[name], final["trees"]], weights[name]) for name in parts},
+                        blend(scored, [final[name] for name in [*parts, "trees"]], weights["together"]), weights,
+                        time.perf_counter() - started)
+
+
 @dataclass
 class Fold:
     """One fold of a cross-fit: the positions its models were fitted on and the ones they score, the heads (and
@@ -114,7 +183,7 @@ def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structure
     on the other folds by ``model.head_recipe``, and with ``structured`` the trees too (at the model's mixing
     weights and boosting rounds, if it has them; else at ``rounds``). The folds are the same for every call on the
     same cases."""
-    fold = np.random.default_rng(0).permutation(len(cases)) % folds
+    fold = fold_assignment(len(cases), folds)
     weights = model.structured.weights if model.structured is not None else None
     rounds = model.structured.rounds if model.structured is not None else rounds
     for k in range(folds):

@@ -74,6 +74,8 @@ class DecisionModel(AnswerMixin, nn.Module):
         self.encoder = backbone.model  # registered, so optimizers and accelerate see LoRA parameters
         self.schema = schema
         self.spec = spec = spec.resolved(backbone.num_layers)
+        if backbone.kind == "encoder" and max(spec.layers) < backbone.num_layers:
+            backbone.truncate(max(spec.layers))  # nothing reads past the deepest feature layer: it is not computed
         dim = backbone.hidden_size * len(spec.layers)
         self.heads = HeadSet(schema, dim)
         # The heads read standardized features (``features.standardization``), with the train features' statistics

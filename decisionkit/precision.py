@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
@@ -56,16 +57,20 @@ class Precision:
         """While entered, under bfloat16: the frozen float32 weights and biases of ``model``'s linear layers are
         bfloat16 copies, put back on exit (float32: nothing changes). Autocast casts a weight that needs no gradient
         again on every call, so a decoding loop paid a cast of every matrix per token, which made it slower than
-        float32 here; a cast made once gives the same products to the last bit (autocast's cast, done earlier)."""
+        float32 here; a cast made once gives the same products to the last bit (autocast's cast, done earlier).
+
+        The copies are made once per process and kept beside each layer (``bfloat16_copy``): later entries swap them
+        in without casting again, until the float32 tensor changes (its in-place version counter moves, or it is
+        replaced). Safe under threads: a layer another thread has swapped already is left to that thread, whose
+        exit puts the float32 tensors back; a forward pass that meets them then autocasts, with the same products."""
         saved = []
         if self.dtype == "bfloat16":
             for module in model.modules():
                 if isinstance(module, nn.Linear) and module.weight.dtype == torch.float32 \
                         and not module.weight.requires_grad:
-                    saved.append((module, module.weight, module.bias))
-                    module.weight = nn.Parameter(module.weight.detach().to(torch.bfloat16), requires_grad=False)
-                    if module.bias is not None:
-                        module.bias = nn.Parameter(module.bias.detach().to(torch.bfloat16), requires_grad=False)
+                    weight, bias = module.weight, module.bias
+                    saved.append((module, weight, bias))
+                    module.weight, module.bias = bfloat16_copy(module, weight, bias)
         try:
             yield
         finally:
@@ -90,6 +95,35 @@ def kernels() -> dict:
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_family": family,
             "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "onednn_max_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "")}
+
+
+CAST_ATTRIBUTE = "_decisionkit_bfloat16"  # where a linear layer keeps its bfloat16 copies (``bfloat16_copy``)
+
+
+def bfloat16_copy(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None):
+    """Frozen bfloat16 copies of a linear layer's float32 ``weight`` and ``bias``: cast on the first call, kept on
+    the layer and reused while both tensors are the same objects at the same in-place version (an optimizer step or
+    a ``copy_`` moves the version; loading new weights replaces the objects).
+
+    The copies are ordinary tensors even when made under ``torch.inference_mode`` (a later forward that records
+    gradients, as LoRA training's, may use them). Weights that are themselves inference tensors keep no version
+    counter, so they are cast again at every call, as autocast would."""
+    sources = (weight, bias)
+    if any(t is not None and t.is_inference() for t in sources):
+        return _cast(weight), _cast(bias)
+    versions = tuple(None if t is None else t._version for t in sources)
+    kept = getattr(module, CAST_ATTRIBUTE, None)
+    # weak references: a replaced tensor is told apart from its successor even if the successor reuses its address
+    if kept is None or kept[1] != versions or any((r() if r else None) is not t for r, t in zip(kept[0], sources)):
+        with torch.inference_mode(False):
+            kept = (tuple(None if t is None else weakref.ref(t) for t in sources), versions, _cast(weight),
+                    _cast(bias))
+        object.__setattr__(module, CAST_ATTRIBUTE, kept)  # not a submodule or parameter: invisible to state_dict
+    return kept[2], kept[3]
+
+
+def _cast(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    return None if tensor is None else nn.Parameter(tensor.detach().to(torch.bfloat16), requires_grad=False)
 
 
 def matmul_times(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5) -> list[float]:

@@ -91,7 +91,10 @@ PRESETS = {
     # slice or by 5-fold cross-validation on train, none better by more than noise: other layers and poolings,
     # per-question attention pooling, feature dropout, an ordinal loss, another rendering of the state, both
     # backbones' features together, key-order augmentation, sharpened targets, and fine-tuning: LoRA left the dev
-    # loss where it started, the top layers or every weight of SmolLM2 or of MiniLM raised it (notebook 03).
+    # loss where it started, the top layers or every weight of SmolLM2 or of MiniLM raised it (notebook 03). A token
+    # head on cached token states (attention pooling, or a transformer block, per question) in place of the heads:
+    # not better on dev; beside the heads and the trees as a third part, a lower KL on test and an accuracy gain
+    # within noise, not yet a part a model carries (benchmarks/results/token_head_*.json, issue 32's note).
     "cpu-best": Preset("cpu-best", "heads", structured=True),
     # The same hybrid on the 22.7M-parameter MiniLM-L6 encoder: with the fields beside it, it comes within about
     # 0.01 of cpu-best's test accuracy at a fraction of its extraction time and latency (benchmarks/backbones.py),

@@ -1,5 +1,8 @@
 """Linear probes on frozen features: how much of each answer a pooled vector already carries.
 
+``learned_pooling`` sets a trained pooling beside them: a token head (attention over one layer's token states, a
+learned query per question) in place of the fixed mean, last or max.
+
 A probe is the decision model's own heads (one linear softmax layer per workflow and question, soft-gold
 cross-entropy) trained on fixed features, standardized with train statistics (``fitting.fit_heads``). The L2
 strength and the step are picked on the held-out cases the probe is scored on (the validation split here; training
@@ -15,11 +18,12 @@ import pandas as pd
 import torch
 
 from .data import Split
-from .features import Features, extract_features, standardization
+from .features import Features, TokenStates, extract_features, standardization
 from .fitting import fit_heads
 from .heads import HeadSet, calibrated, group_rows
 from .metrics import Scores, score
 from .model import DecisionOutput
+from .token_head import TokenHeadSpec, fit_token_head, token_head_probabilities
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
 STEPS = 400  # full-batch steps per L2 strength, as training's stage 1
@@ -93,17 +97,36 @@ POOLING_SETTINGS = [("last", None), ("mean", None), ("max", None)]  # the three 
 
 
 def pooling_comparison(backbone, train: Split, validation: Split, settings=None, steps: int = STEPS,
-                       **feature_options) -> ProbeComparison:
+                       learned: TokenHeadSpec | None = None, **feature_options) -> ProbeComparison:
     """Extract (or reuse cached) features of both splits and probe each (pooling, layer) setting.
 
     ``settings`` defaults to the three poolings of the last layer followed by mean pooling of every other
-    cached layer, so one call answers both "which pooling" and "which layer".
+    cached layer, so one call answers both "which pooling" and "which layer". With ``learned``, a last row: a token
+    head of that spec on its layer's token states (``learned_pooling``), kept by the same extraction.
     """
+    layer = None if learned is None else learned.resolved(backbone.num_layers).layer
+    if learned is not None:
+        feature_options["token_layers"] = (layer,)
     train_features = extract_features(backbone, train, **feature_options)
     val_features = extract_features(backbone, validation, **feature_options)
     if settings is None:
         settings = POOLING_SETTINGS + [("mean", layer) for layer in train_features.layers[:-1]]
-    return compare_probes(train_features, train, val_features, validation, settings, steps=steps)
+    comparison = compare_probes(train_features, train, val_features, validation, settings, steps=steps)
+    if learned is not None:
+        comparison.results.append(learned_pooling(train_features.tokens[layer], train, val_features.tokens[layer],
+                                                  validation, learned))
+    return comparison
+
+
+def learned_pooling(train_states: TokenStates, train: Split, validation_states: TokenStates, validation: Split,
+                    spec: TokenHeadSpec = TokenHeadSpec()) -> ProbeResult:
+    """A token head (``token_head.py``: attention over one layer's token states, a learned query per question)
+    trained on ``train`` and scored on ``validation``: pooling learned, beside the fixed poolings' probes on the same
+    cases. Nothing is picked on ``validation`` here (the spec is fixed), where the probes pick their L2 on it."""
+    head = fit_token_head(train.schema(), train_states, train, spec, progress=False)
+    answers = token_head_probabilities(head, validation_states, validation)
+    return ProbeResult(f"learned pooling (attention), layer {train_states.layer}", float("nan"),
+                       score(validation, answers), pd.DataFrame())
 
 
 def gold_entropy(cases: Split) -> float:

@@ -24,6 +24,7 @@ decision model (``model.DecisionModel`` with a ``StructuredPart``) averages the 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -352,34 +353,60 @@ class Trees:
         return cls(config["options"], depth=config["depth"], binary_classes=config["binary_classes"], **got)
 
 
-MIX_GRID = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # weights of the language model's probabilities tried
+MIX_STEPS = 20  # mixing weights are multiples of 1/20
+
+
+def simplex_grid(parts: int) -> np.ndarray:
+    """Every vector of ``parts`` weights that are multiples of 1 / ``MIX_STEPS`` and sum to 1, the first weight
+    ascending (for two parts: (0, 1), (0.05, 0.95), ..., (1, 0))."""
+    heads = [p for p in itertools.product(range(MIX_STEPS + 1), repeat=parts - 1) if sum(p) <= MIX_STEPS]
+    return np.array([[*p, MIX_STEPS - sum(p)] for p in heads]) / MIX_STEPS
+
+
+def simplex_weights(parts: Sequence[np.ndarray], gold: np.ndarray) -> np.ndarray:
+    """The weights on ``simplex_grid`` whose mixture of ``parts`` (each cases x options, predicted on cases none of
+    them was fitted on) has the lowest soft cross-entropy against ``gold``; the first such vector on a tie."""
+    grid = simplex_grid(len(parts))
+    mixtures = np.einsum("gk,kno->gno", grid, np.stack(parts))
+    losses = -(gold * np.log(np.maximum(mixtures, 1e-12))).sum(axis=2).mean(axis=1)
+    return grid[int(np.argmin(losses))]
 
 
 def mix_weight(language: np.ndarray, trees: np.ndarray, gold: np.ndarray) -> float:
-    """The weight w in ``MIX_GRID`` whose mixture w * language + (1 - w) * trees has the lowest soft cross-entropy
-    against ``gold`` (all three: cases x options, predicted on cases neither part was fitted on)."""
-    losses = [-(gold * np.log(np.maximum(w * language + (1 - w) * trees, 1e-12))).sum(axis=1).mean()
-              for w in MIX_GRID]
-    return float(MIX_GRID[int(np.argmin(losses))])
+    """The weight w whose mixture w * language + (1 - w) * trees has the lowest soft cross-entropy against ``gold``
+    (``simplex_weights`` of the two)."""
+    return float(simplex_weights([language, trees], gold)[0])
 
 
-def mix_weights(cases: Split, language: list[dict], trees: list[dict]) -> dict[str, dict[str, float]]:
-    """``mix_weight`` for every (workflow, question) of ``cases``, from per-case predictions of both parts
-    (question -> probabilities, one dict per case, out of fold)."""
-    weights: dict[str, dict[str, float]] = {}
+def part_weights(cases: Split, sources: Sequence[list[dict]]) -> dict[str, dict[str, np.ndarray]]:
+    """``simplex_weights`` of ``sources`` for every (workflow, question) of ``cases``, from each source's per-case
+    predictions (question -> probabilities, one dict per case, out of fold)."""
+    weights: dict[str, dict[str, np.ndarray]] = {}
     for workflow in dict.fromkeys(cases.case_workflows):
         mine = [i for i, c in enumerate(cases) if c.workflow == workflow]
-        weights[workflow] = {qid: mix_weight(np.stack([language[i][qid] for i in mine]),
-                                             np.stack([trees[i][qid] for i in mine]),
-                                             np.stack([cases[i].gold[qid].probabilities for i in mine]))
+        weights[workflow] = {qid: simplex_weights([np.stack([s[i][qid] for i in mine]) for s in sources],
+                                                  np.stack([cases[i].gold[qid].probabilities for i in mine]))
                              for qid in cases[mine[0]].questions}
     return weights
 
 
+def blend(cases: Split, sources: Sequence[list[dict]], weights: dict[str, dict[str, Sequence[float]]]) -> list[dict]:
+    """Per case and question: the sources' probabilities weighted by that question's ``weights`` (one per source)."""
+    return [{qid: sum(w * s[i][qid] for w, s in zip(weights[c.workflow][qid], sources)) for qid in c.questions}
+            for i, c in enumerate(cases)]
+
+
+def mix_weights(cases: Split, language: list[dict], trees: list[dict]) -> dict[str, dict[str, float]]:
+    """``mix_weight`` for every (workflow, question) of ``cases``: the language part's weight, the trees having the
+    rest (``part_weights`` of the two)."""
+    return {workflow: {qid: float(w[0]) for qid, w in per_question.items()}
+            for workflow, per_question in part_weights(cases, [language, trees]).items()}
+
+
 def mixed(cases: Split, language: list[dict], trees: list[dict], weights: dict[str, dict[str, float]]) -> list[dict]:
     """Per case: w * language + (1 - w) * trees for each of its questions."""
-    return [{qid: weights[c.workflow][qid] * language[i][qid] + (1 - weights[c.workflow][qid]) * trees[i][qid]
-             for qid in c.questions} for i, c in enumerate(cases)]
+    return blend(cases, [language, trees], {workflow: {qid: (w, 1 - w) for qid, w in per_question.items()}
+                                            for workflow, per_question in weights.items()})
 
 
 @dataclass
@@ -418,6 +445,17 @@ class StructuredPart:
         """The trees' answer distributions for ``states`` of ``workflow``: question -> (states, options)."""
         x = self.fields[workflow].encode(states)
         return {qid: self.trees[workflow][qid].probabilities(x) for qid in questions}
+
+    def answers(self, cases: Split) -> list[dict[str, np.ndarray]]:
+        """The trees' answer distributions for every case of ``cases`` (question -> probabilities), each workflow's
+        states encoded together."""
+        out: list[dict[str, np.ndarray]] = [{} for _ in cases]
+        for workflow in dict.fromkeys(cases.case_workflows):
+            mine = [i for i, c in enumerate(cases) if c.workflow == workflow]
+            found = self.probabilities([cases[i].state for i in mine], workflow, list(cases[mine[0]].questions))
+            for j, i in enumerate(mine):
+                out[i] = {qid: p[j] for qid, p in found.items()}
+        return out
 
     def mix(self, logits: dict[str, dict[str, torch.Tensor]], states: Sequence[Any], rows: dict[str, list[int]]
             ) -> tuple[dict[str, dict[str, torch.Tensor]], np.ndarray]:

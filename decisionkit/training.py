@@ -83,12 +83,8 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
             output = model.read(features[fold.held], [c.workflow for c in held], heads=fold.heads)
         for i, logits in zip(fold.held, output.per_case()):
             heads[i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
-        for workflow in fold.structured.fields:
-            mine = [i for i in fold.held if cases[i].workflow == workflow]
-            found = fold.structured.probabilities([cases[i].state for i in mine], workflow,
-                                                  list(fold.structured.trees[workflow]))
-            for j, i in enumerate(mine):
-                trees[i] = {qid: p[j] for qid, p in found.items()}
+        for i, answers in zip(fold.held, fold.structured.answers(Split("held", held, cases.source))):
+            trees[i] = answers
     weights = mix_weights(cases, heads, trees)
     hybrid = mixed(cases, heads, trees, weights)
     frames = {}
@@ -106,8 +102,7 @@ def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
     rows = group_rows(cases.case_workflows)
     with torch.no_grad():
         heads = DecisionOutput(features, cases.case_workflows, model.heads.read(features, rows), rows).per_case()
-    trees = [{qid: p[0] for qid, p in model.structured.probabilities([c.state], c.workflow, list(c.questions)).items()}
-             for c in cases]
+    trees = model.structured.answers(cases)
     return {"heads alone": score(cases, [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
                                          for h in heads]),
             "trees alone": score(cases, trees)}

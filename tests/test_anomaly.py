@@ -217,6 +217,26 @@ def test_a_hybrid_sends_another_workflows_state_to_a_human(routed, splits):
     assert own["scores"]["field surprise"] < wrong["scores"]["field surprise"]
 
 
+def test_states_past_the_token_limit_empty_plain_or_of_another_workflow_are_answered(routed, splits):
+    """Every such state gets an answer to every question; a real state past the cut is read as training read it
+    (cut at the same length) and stays in domain, while an empty state, a plain string and another workflow's state
+    go to a human."""
+    model, _, validation = routed
+    case = next(c for c in validation if len(model.tokenize([c.text])["input_ids"][0]) == model.spec.max_length
+                and len(model.backbone.tokenizer(c.text)["input_ids"]) > model.spec.max_length)
+    other = next(c for c in validation if c.workflow != case.workflow)
+    long = model.route(case.state, workflow=case.workflow)
+    assert long["scores"]["in-domain"] == 1.0
+    for state in (case.state, {}, "my invoice was charged twice, please refund it", other.state):
+        routed_state = model.route(state, workflow=case.workflow)
+        assert set(routed_state["answers"]) == set(case.questions)
+        for answer in routed_state["answers"].values():
+            if "probabilities" in answer:
+                assert sum(answer["probabilities"].values()) == pytest.approx(1, abs=1e-6)
+        if state is not case.state:
+            assert routed_state["verdict"] == "human", state
+
+
 def test_router_is_saved_with_the_model(routed, tmp_path):
     model, router, _ = routed
     reopened = decisionkit.load(model.save(tmp_path / "routed"))

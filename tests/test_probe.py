@@ -71,3 +71,19 @@ def test_a_learning_curve_rises_with_data_and_stays_above_the_gold_floor(halves)
     assert rows["accuracy"].iloc[-1] > rows["accuracy"].iloc[0]
     assert curve.floor == pytest.approx(gold_entropy(held)) and (rows["held-out cross-entropy"] > curve.floor).all()
     assert len(curve.figure().data) == 3
+
+
+def test_learned_pooling_is_a_row_beside_the_fixed_poolings_from_one_extraction(tiny_backbone, halves, tmp_path):
+    from decisionkit.probe import pooling_comparison
+    from decisionkit.token_head import TokenHeadSpec
+
+    fit, held = halves
+    options = dict(max_length=32, cache_dir=tmp_path, progress=False)
+    plain = pooling_comparison(tiny_backbone, fit, held, steps=20, **options)
+    comparison = pooling_comparison(tiny_backbone, fit, held, steps=20, learned=TokenHeadSpec(width=16, epochs=2),
+                                    **options)
+    table = comparison.table()
+    assert table.index.tolist() == plain.table().index.tolist() + ["learned pooling (attention), layer 4"]
+    assert np.isnan(table["L2"].iloc[-1]) and 0 <= table["accuracy"].iloc[-1] <= 1
+    assert table.iloc[:-1].equals(plain.table())  # the fixed poolings read the same features either way
+    assert len(comparison.figure().data) == len(table)
