@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from . import settings
 from .data import Split
 from .features import standardization
-from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets, weight_norm
+from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets, ungroup, weight_norm
 from .structured import TREE_ROUNDS, StructuredPart, blend, part_weights
 
 STRUCTURED_FOLDS = 5  # folds of train the hybrid's mixing weights are chosen on
@@ -108,15 +108,11 @@ def heads_answers(pooled: dict[str, np.ndarray], recipe: HeadRecipe):
         mean, std = standardization(x)
         heads = HeadSet(fitted_on.schema(), x.shape[1])
         refit_heads(heads, fitted_on, torch.as_tensor((x - mean) / std, dtype=torch.float32), recipe)
-        out: list[dict[str, np.ndarray]] = [{} for _ in asked]
         rows = group_rows(asked.case_workflows)
         with torch.no_grad():
             asked_x = torch.as_tensor((np.stack([pooled[i] for i in asked.ids]) - mean) / std, dtype=torch.float32)
-            for workflow, logits in heads.read(asked_x, rows).items():
-                for qid, z in logits.items():
-                    for i, p in zip(rows[workflow], calibrated(z).double().numpy()):
-                        out[i][qid] = p
-        return out
+            logits = ungroup(heads.read(asked_x, rows), rows, len(asked))
+        return [{qid: calibrated(z).double().numpy() for qid, z in case.items()} for case in logits]
     return answers
 
 

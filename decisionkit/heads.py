@@ -56,6 +56,17 @@ def group_rows(workflows: list[str]) -> dict[str, list[int]]:
     return groups
 
 
+def ungroup(logits: dict[str, dict[str, torch.Tensor]], rows: dict[str, list[int]], count: int) -> list[dict]:
+    """Grouped logits (workflow -> question -> one row per position in ``rows[workflow]``) back in input order: one
+    dict (question -> its row) per each of ``count`` inputs. The inverse of ``group_rows``' grouping."""
+    out: list[dict] = [{} for _ in range(count)]
+    for workflow, positions in rows.items():
+        for qid, z in logits[workflow].items():
+            for j, i in enumerate(positions):
+                out[i][qid] = z[j]
+    return out
+
+
 def calibrated(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Answer distributions from head logits, divided by a temperature first (temperature scaling)."""
     return torch.softmax(logits / temperature, dim=-1)

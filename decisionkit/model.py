@@ -37,7 +37,7 @@ from .data import QUESTION_TYPES, Question
 from .engines import add_lora
 from .features import FeatureSpec, hidden_states, standardization, tokenize
 from .fitting import HeadRecipe
-from .heads import HeadSet, Targets, decision_loss, group_rows
+from .heads import HeadSet, Targets, decision_loss, group_rows, ungroup
 from .pooling import pool_layers
 from .structured import StructuredPart
 
@@ -56,13 +56,8 @@ class DecisionOutput:
     surprise: np.ndarray | None = None  # a hybrid's: per input, the share of field checks that fail (structured.py)
 
     def per_case(self) -> list[dict[str, torch.Tensor]]:
-        """The logits by input: question id -> logits, in input order (the one place they are regrouped)."""
-        out: list[dict[str, torch.Tensor]] = [{} for _ in self.workflows]
-        for workflow, positions in self.rows.items():
-            for qid, z in self.logits[workflow].items():
-                for j, i in enumerate(positions):
-                    out[i][qid] = z[j]
-        return out
+        """The logits by input: question id -> logits, in input order (``heads.ungroup``)."""
+        return ungroup(self.logits, self.rows, len(self.workflows))
 
 
 class DecisionModel(AnswerMixin, nn.Module):

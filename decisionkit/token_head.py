@@ -35,7 +35,7 @@ from . import settings
 from .data import Question, Split
 from .features import DEFAULT_MAX_LENGTH, TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
-from .heads import decision_loss, group_rows, head_key, targets
+from .heads import decision_loss, group_rows, head_key, targets, ungroup
 from .structured import TREE_ROUNDS
 
 
@@ -167,11 +167,8 @@ def token_head_probabilities(head: TokenHead, states: TokenStates, cases: Split,
         rows = order[lo:lo + batch_size]
         x, mask = states.batch([cases.ids[i] for i in rows])
         workflows = [cases[i].workflow for i in rows]
-        logits = head(x, mask, workflows)
-        for workflow, positions in group_rows(workflows).items():
-            for qid, z in logits[workflow].items():
-                for j, p in zip(positions, torch.softmax(z.double(), -1).numpy()):
-                    out[rows[j]][qid] = p
+        for i, logits in zip(rows, ungroup(head(x, mask, workflows), group_rows(workflows), len(rows))):
+            out[i] = {qid: torch.softmax(z.double(), -1).numpy() for qid, z in logits.items()}
     return out
 
 
