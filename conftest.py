@@ -14,6 +14,6 @@ if "DECISIONKIT_DTYPE" not in os.environ:
     # One compute dtype for the session: the one this CPU gets, probed once here. The servers and notebook kernels
     # the tests start then answer in the dtype of the models they are compared with (a probe in each process could
     # land on either side of the threshold on a busy machine). Tests that cover both dtypes set them on the backbone.
-    from decisionkit.precision import choose
+    from decisionkit.core.precision import choose
 
     os.environ["DECISIONKIT_DTYPE"] = choose().dtype

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 import decisionkit as dk
-from decisionkit.ensemble import mean_answers
-from decisionkit.metrics import paired_difference, score
-from decisionkit.precision import kernels
+from decisionkit.core.precision import kernels
+from decisionkit.course.ensemble import mean_answers
+from decisionkit.data.metrics import paired_difference, score
 
 
 def shown_name(backbone: str) -> str:

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.anomaly import (
+from decisionkit.core.answer_fields import lowest_confidence
+from decisionkit.training.anomaly import (
     OFF_DOMAIN_DIR,
     SCORES,
     TARGET_REJECTION,
@@ -30,9 +31,8 @@ from decisionkit.anomaly import (
     in_domain_calibration,
     load_inputs,
 )
-from decisionkit.answer_fields import lowest_confidence
-from decisionkit.calibration import CALIBRATIONS, calibrate
-from decisionkit.report import git_commit
+from decisionkit.training.calibration import CALIBRATIONS, calibrate
+from decisionkit.training.report import git_commit
 
 POEM = "autumn wind through golden leaves under the moon"
 

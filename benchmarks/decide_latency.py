@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 import decisionkit as dk
-from decisionkit.atomic import write_text
-from decisionkit.latency import hardware
-from decisionkit.precision import Precision
+from decisionkit.core.atomic import write_text
+from decisionkit.core.precision import Precision
+from decisionkit.course.latency import hardware
 
 
 def main() -> None:

@@ -22,10 +22,10 @@ from unittest import mock
 import numpy as np
 
 import decisionkit as dk
-from decisionkit.atomic import write_text
-from decisionkit.generative import generate_json
-from decisionkit.latency import hardware, time_calls
-from decisionkit.precision import Precision
+from decisionkit.core.atomic import write_text
+from decisionkit.core.precision import Precision
+from decisionkit.course.generative import generate_json
+from decisionkit.course.latency import hardware, time_calls
 
 SETTINGS = {"float32": ("float32", True), "bfloat16, cast at every call": ("bfloat16", False),
             "bfloat16, cast once per request": ("bfloat16", True)}

@@ -26,13 +26,13 @@ import numpy as np
 import torch
 
 import decisionkit as dk
-from decisionkit.data import DEV_PER_WORKFLOW, dev_slice
-from decisionkit.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
-from decisionkit.heads import HeadSet
-from decisionkit.metrics import score
-from decisionkit.precision import kernels
-from decisionkit.structured import mix_weights, mixed
-from decisionkit.training import part_scores
+from decisionkit.core.precision import kernels
+from decisionkit.data.cases import DEV_PER_WORKFLOW, dev_slice
+from decisionkit.data.metrics import score
+from decisionkit.model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
+from decisionkit.model.heads import HeadSet
+from decisionkit.model.structured import mix_weights, mixed
+from decisionkit.training.trainer import part_scores
 
 
 def field_block(model, train, *others):

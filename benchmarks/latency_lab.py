@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.backbone import ENCODER_BACKBONE
-from decisionkit.generative import ab_test
-from decisionkit.latency import (
+from decisionkit.core.precision import choose
+from decisionkit.course.generative import ab_test
+from decisionkit.course.latency import (
     SPEED_VARIANTS,
     cold_start,
     hardware,
@@ -36,8 +36,8 @@ from decisionkit.latency import (
     naive_scaling,
     speed_table,
 )
-from decisionkit.precision import choose
-from decisionkit.report import git_commit
+from decisionkit.model.backbone import ENCODER_BACKBONE
+from decisionkit.training.report import git_commit
 
 
 def frame_json(frame) -> dict:

@@ -6,7 +6,7 @@
 1. ``decide_many`` timed by batch size on the same test requests: what batching can gain on this device.
 2. ``decisionkit serve`` launched with ``--max-batch-size 16`` and ``1``, each load-tested at 1, 4, 16 and 64
    concurrent clients (a fixed number of requests per level, bounded in time): requests/s, p50/p95/p99, lost.
-   With ``--ray``, the Ray Serve deployment (``serve_ray.py``) on a local Ray instance, batched, instead.
+   With ``--ray``, the Ray Serve deployment (``serving/ray_app.py``) on a local Ray instance, batched, instead.
 Every row records the load average: the machine may be shared, and other work slows the model as much.
 The requests are test cases short enough for the model (a longer state is refused with 422, not answered).
 """
@@ -21,9 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 import decisionkit as dk
-from decisionkit.latency import hardware
-from decisionkit.serve import ENDPOINT, Batching, Limits
-from decisionkit.serve_lab import (
+from decisionkit.course.latency import hardware
+from decisionkit.course.serve_lab import (
     LoadComparison,
     batch_sweep,
     compare_batching,
@@ -32,6 +31,8 @@ from decisionkit.serve_lab import (
     load_test,
     requests_for,
 )
+from decisionkit.serving.app import ENDPOINT
+from decisionkit.serving.config import Batching, Limits
 
 
 def ray_levels(run: Path, bodies, clients, rounds, min_requests, seconds) -> LoadComparison:
@@ -39,7 +40,7 @@ def ray_levels(run: Path, bodies, clients, rounds, min_requests, seconds) -> Loa
     import ray
     from ray import serve
 
-    from decisionkit.serve_ray import ray_app
+    from decisionkit.serving.ray_app import ray_app
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     started = time.perf_counter()

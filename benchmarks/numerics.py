@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 import decisionkit as dk
-from decisionkit.atomic import write_text
-from decisionkit.latency import hardware
-from decisionkit.numerics import batch_agreement
+from decisionkit.core.atomic import write_text
+from decisionkit.course.latency import hardware
+from decisionkit.course.numerics import batch_agreement
 
 
 def main() -> None:

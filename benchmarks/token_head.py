@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 import decisionkit as dk
-from decisionkit.data import dev_slice
-from decisionkit.features import FeatureSpec, extract_features, standardization
-from decisionkit.fitting import fit_heads, heads_answers
-from decisionkit.heads import HeadSet
-from decisionkit.metrics import paired_difference, score
-from decisionkit.precision import kernels
-from decisionkit.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities, token_hybrid
+from decisionkit.core.precision import kernels
+from decisionkit.data.cases import dev_slice
+from decisionkit.data.metrics import paired_difference, score
+from decisionkit.model.features import FeatureSpec, extract_features, standardization
+from decisionkit.model.fitting import fit_heads, heads_answers
+from decisionkit.model.heads import HeadSet
+from decisionkit.model.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities, token_hybrid
 
 # (name, spec): attention pooling alone at two depths. Each costs its training alone: the states are cached. Tried
 # before this script and left out for their cost (issue 32's note): one transformer block before the pooling (on

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from decisionkit.cli import run_training
-from decisionkit.presets import PRESETS
+from decisionkit.training.presets import PRESETS
 
 
 def main(argv=None) -> int:

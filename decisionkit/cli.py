@@ -6,7 +6,7 @@
   write ``runs/demo/`` (model, report.json, report.md).
 - ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
-- ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serve.py``).
+- ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serving/app.py``).
 """
 
 from __future__ import annotations
@@ -18,18 +18,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import settings
 from ._version import __version__
-from .atomic import write_text
-from .backbone import BackboneError
-from .data import DataError, load_typed_decisions
-from .model import load
-from .pipeline import run_report
-from .presets import PRESETS, preset
-from .probe import STEPS as PROBE_STEPS
-from .report import RunReport
-from .systemone import QuestionError
-from .training import evaluate
+from .contract.systemone import QuestionError
+from .core import settings
+from .core.atomic import write_text
+from .data.cases import DataError, load_typed_decisions
+from .model.backbone import BackboneError
+from .serving.config import Batching, Limits
+from .training.presets import PRESETS, preset
 
 # what `train` can shrink in a preset, and how each option says it
 SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
@@ -41,8 +37,10 @@ def _write_json(path: Path, payload: dict) -> None:
     write_text(path, json.dumps(payload, indent=2, default=str))
 
 
-def run_training(args) -> RunReport:
+def run_training(args):
     """The train / demo commands: ``pipeline.run_report`` with the command's options, printed as it goes."""
+    from .training.pipeline import run_report
+
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
     print(f"training preset {args.preset}{''.join(f', {k}={v}' for k, v in sizes.items())} into {args.out}")
     return run_report(preset(args.preset, **sizes), args.out, data_dir=args.data, zero_shot=args.zero_shot,
@@ -64,6 +62,8 @@ def cmd_demo(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
+    from .training.trainer import evaluate
+
     scores = evaluate(args.run, args.split, args.data, args.dataset)
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
@@ -73,8 +73,8 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_pooling(args) -> int:
-    from .backbone import load_backbone
-    from .probe import pooling_comparison
+    from .course.probe import pooling_comparison
+    from .model.backbone import load_backbone
 
     backbone = load_backbone(args.backbone)
     per_workflow = args.per_workflow or (10 if settings.quick_mode() else 40)
@@ -82,8 +82,9 @@ def cmd_pooling(args) -> int:
     validation = load_typed_decisions("validation", args.data).head(max(1, per_workflow // 2))
     print(f"backbone {backbone.name} ({backbone.resolved.source}); {len(train_split)} train / {len(validation)} "
           f"validation cases")
-    table = pooling_comparison(backbone, train_split, validation, steps=args.head_steps,
-                               max_length=args.max_length).table()
+    table = pooling_comparison(backbone, train_split, validation,
+                               max_length=args.max_length,
+                               **({"steps": args.head_steps} if args.head_steps else {})).table()
     print(table.to_string())
     _write_json(Path(args.out) / "pooling.json", {"probes": table.reset_index().to_dict(orient="records"),
                                                   "train_cases": len(train_split), "validation_cases": len(validation)})
@@ -93,7 +94,8 @@ def cmd_pooling(args) -> int:
 def cmd_decide(args) -> int:
     from pydantic import ValidationError
 
-    from .systemone import Refusal, SystemOneRequest, prepare, respond
+    from .contract.systemone import Refusal, SystemOneRequest, prepare, respond
+    from .model.decision_model import load
 
     models = {Path(args.run).name: load(args.run)}
     try:
@@ -108,7 +110,7 @@ def cmd_decide(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .serve import Batching, Limits, serve
+    from .serving.app import serve
 
     limits = Limits(**{name: getattr(args, name) for name in asdict(Limits())})
     print(f"serving {', '.join(args.runs)} on http://{args.host}:{args.port} (POST /v1/systemone, GET /v1/models, "
@@ -161,8 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("runs", nargs="+", help="folders of saved models; each is served under its folder's name")
     sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sub.add_argument("--port", type=int, default=8000)
-    from .serve import Batching, Limits
-
     batching, limits = Batching(), Limits()
     sub.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
                      help="requests per forward pass (1: no batching)")
@@ -170,15 +170,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds to wait for a batch to fill")
     for name, value in asdict(limits).items():
         sub.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
-                         help=f"see decisionkit.serve.Limits (default {value})")
+                         help=f"see decisionkit.serving.config.Limits (default {value})")
     sub.set_defaults(handler=cmd_serve)
 
     sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")
     sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")
     sub.add_argument("--per-workflow", type=int, default=None, help="train cases per workflow (default 40)")
     sub.add_argument("--max-length", type=int, default=512, help="truncate rendered states to this many tokens")
-    sub.add_argument("--head-steps", type=int, default=PROBE_STEPS, metavar="N",
-                     help=f"probe fitting steps per L2 strength (default {PROBE_STEPS})")
+    sub.add_argument("--head-steps", type=int, default=None, metavar="N",
+                     help="probe fitting steps per L2 strength (default: the probe's)")
     common(sub, "runs/pooling")
     sub.set_defaults(handler=cmd_pooling)
     return parser

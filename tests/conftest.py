@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from decisionkit import load_backbone, load_typed_decisions
-from decisionkit.precision import kernels
+from decisionkit.core.precision import kernels
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -63,8 +63,8 @@ def quick_model(splits):
     every answer uniform. cpu-quick's rate of 3e-4 and L2 of 1 or 10 keep a late step (measured: step 100 at L2 10,
     validation accuracy 0.455 on 80 cases)."""
     from decisionkit import FeatureSpec, load
-    from decisionkit.metrics import score, uniform_predictions
-    from decisionkit.runs import shared_run
+    from decisionkit.data.metrics import score, uniform_predictions
+    from decisionkit.training.runs import shared_run
 
     path = shared_run("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
                       features=FeatureSpec(max_length=128), structured=True)

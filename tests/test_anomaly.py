@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 import decisionkit
-from decisionkit.anomaly import (
+from decisionkit.core.answer_fields import lowest_confidence
+from decisionkit.data.cases import DataError
+from decisionkit.data.metrics import gold_priors
+from decisionkit.model.fitting import cross_fit
+from decisionkit.model.heads import targets
+from decisionkit.model.routing import shown
+from decisionkit.training.anomaly import (
     HYBRID_CROSS_FIT_FOLDS,
     OFF_DOMAIN_DIR,
     SCORES,
@@ -16,12 +22,6 @@ from decisionkit.anomaly import (
     fit_router,
     load_inputs,
 )
-from decisionkit.answer_fields import lowest_confidence
-from decisionkit.data import DataError
-from decisionkit.fitting import cross_fit
-from decisionkit.heads import targets
-from decisionkit.metrics import gold_priors
-from decisionkit.routing import shown
 
 POEM = "autumn wind through golden leaves under the moon"
 

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from decisionkit.atomic import atomic_file, atomic_folder, write_text
+from decisionkit.core.atomic import atomic_file, atomic_folder, write_text
 
 
 def test_a_file_appears_whole_or_not_at_all(tmp_path):

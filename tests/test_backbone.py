@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from decisionkit import backbone as bb
-from decisionkit.backbone import LoraSettings, load_backbone, resolve_backbone
+from decisionkit.model import backbone as bb
+from decisionkit.model.backbone import LoraSettings, load_backbone, resolve_backbone
 
 
 def test_default_resolves_offline_to_pinned_smollm2(backbone):
@@ -175,7 +175,7 @@ def test_a_conversion_shows_no_progress_bar_of_transformers():
     from transformers import modeling_gguf_pytorch_utils
     from transformers.utils import logging as transformers_logging
 
-    from decisionkit.engines import quiet_progress
+    from decisionkit.model.engines import quiet_progress
 
     reader_bar, shown = modeling_gguf_pytorch_utils.tqdm, transformers_logging.is_progress_bar_enabled()
     with quiet_progress(gguf=True):  # what converting the packaged GGUF file runs under

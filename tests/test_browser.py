@@ -21,9 +21,9 @@ import nbformat
 import pytest
 
 import decisionkit
-from decisionkit.anomaly import fit_router
-from decisionkit.answer_fields import lowest_confidence
-from decisionkit.serve_lab import free_port
+from decisionkit.core.answer_fields import lowest_confidence
+from decisionkit.course.serve_lab import free_port
+from decisionkit.training.anomaly import fit_router
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's; playwright's own browser downloads are refused here
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_training.ipynb"

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import decisionkit
-from decisionkit.calibration import (
+from decisionkit.data.metrics import expected_calibration_error, reliability_bins, score
+from decisionkit.data.scenarios import load_scenario
+from decisionkit.training.calibration import (
     BOUNDS,
     STAGES,
     DecisionLogits,
@@ -18,9 +20,7 @@ from decisionkit.calibration import (
     risk_coverage,
     temperature_rule,
 )
-from decisionkit.metrics import expected_calibration_error, reliability_bins, score
-from decisionkit.runs import shared_run
-from decisionkit.scenarios import load_scenario
+from decisionkit.training.runs import shared_run
 
 ONES = dict.fromkeys(("noul", "choice", "score"), 1.0)
 

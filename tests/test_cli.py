@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from decisionkit import presets
 from decisionkit.cli import main
-from decisionkit.model import FeatureSpec
-from decisionkit.report import RunReport
+from decisionkit.model.decision_model import FeatureSpec
+from decisionkit.training import presets
+from decisionkit.training.report import RunReport
 
 
 @pytest.fixture

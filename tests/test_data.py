@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from decisionkit.data import (
+from decisionkit.data.cases import (
     NOUL_OPTIONS,
     DataError,
     Question,

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from decisionkit.features import default_layers, encode, extract_features, padding_pitfall
-from decisionkit.pooling import pool
-from decisionkit.precision import Precision
+from decisionkit.core.precision import Precision
+from decisionkit.model.features import default_layers, encode, extract_features, padding_pitfall
+from decisionkit.model.pooling import pool
 
 
 @pytest.fixture(scope="module")

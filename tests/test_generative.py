@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-from decisionkit.data import Split
-from decisionkit.generative import (
+from decisionkit.core.precision import Precision
+from decisionkit.course.generative import (
     DECISION,
     RATIO_COLUMNS,
     ZERO_SHOT,
@@ -22,8 +22,8 @@ from decisionkit.generative import (
     parse_answers,
     training_cost,
 )
-from decisionkit.metrics import score
-from decisionkit.precision import Precision
+from decisionkit.data.cases import Split
+from decisionkit.data.metrics import score
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from decisionkit.fitting import fit_heads, refit_heads
-from decisionkit.heads import (
+from decisionkit.model.fitting import fit_heads, refit_heads
+from decisionkit.model.heads import (
     HeadSet,
     calibrated,
     decision_loss,

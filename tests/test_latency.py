@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from decisionkit import latency
-from decisionkit.latency import Scaling, Timing, cold_start, decision_timings, head_scaling, naive_scaling, time_calls
+from decisionkit.course import latency
+from decisionkit.course.latency import (
+    Scaling,
+    Timing,
+    cold_start,
+    decision_timings,
+    head_scaling,
+    naive_scaling,
+    time_calls,
+)
 
 STATS = ["calls", "mean", "p50", "p95", "p99", "min", "max"]
 
@@ -94,7 +102,7 @@ def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_mo
 
 
 def test_question_costs_time_each_question_with_its_real_trees(quick_model, splits, monkeypatch):
-    from decisionkit.structured import Fields, Trees
+    from decisionkit.model.structured import Fields, Trees
 
     _, model = quick_model
     case = splits["validation"][0]
@@ -135,7 +143,7 @@ def test_decide_timings_take_turns_and_ask_the_first_n_questions(quick_model, sp
 
 
 def test_length_sweep_cuts_every_input_to_each_length(quick_model, splits, monkeypatch):
-    from decisionkit.latency import length_sweep
+    from decisionkit.course.latency import length_sweep
 
     _, model = quick_model
     texts = splits["validation"].head(1).texts[:2]
@@ -157,9 +165,9 @@ def test_length_sweep_cuts_every_input_to_each_length(quick_model, splits, monke
 def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, splits):
     import copy
 
-    from decisionkit.latency import speed_table
-    from decisionkit.metrics import score
-    from decisionkit.precision import Precision
+    from decisionkit.core.precision import Precision
+    from decisionkit.course.latency import speed_table
+    from decisionkit.data.metrics import score
 
     _, model = quick_model
     cases, train = splits["validation"].head(2), splits["train"].head(2)
@@ -196,10 +204,10 @@ def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, 
 def test_onnx_export_gives_the_torch_features(tiny_backbone, splits, tmp_path):
     """On the tiny random backbone: the export's mechanics (layers, pooling, padding, dynamic shapes) are the same as
     SmolLM2's, at a few seconds instead of a minute."""
-    from decisionkit.features import tokenize
-    from decisionkit.model import DecisionModel, FeatureSpec
-    from decisionkit.onnx_runtime import OnnxEncoder, export
-    from decisionkit.precision import Precision
+    from decisionkit.core.precision import Precision
+    from decisionkit.course.onnx_runtime import OnnxEncoder, export
+    from decisionkit.model.decision_model import DecisionModel, FeatureSpec
+    from decisionkit.model.features import tokenize
 
     model = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=128))
     path = export(model, tmp_path / "onnx")

@@ -7,7 +7,8 @@ import types
 import pytest
 
 from decisionkit import LoraSettings, load_backbone
-from decisionkit.memory import (
+from decisionkit.core.environment import peak_rss_bytes, peak_rss_gb
+from decisionkit.course.memory import (
     ASSUMED_SHAPES,
     ModelShape,
     TrainingSetup,
@@ -15,8 +16,6 @@ from decisionkit.memory import (
     estimate,
     nf4_bits_per_weight,
     parameter_table,
-    peak_rss_bytes,
-    peak_rss_gb,
 )
 
 
@@ -74,7 +73,7 @@ def test_estimates_grow_with_size_and_name_the_quoted_figure():
 PEAK_SCRIPT = r"""
 import json, sys
 import numpy as np
-from decisionkit.memory import peak_rss_gb
+from decisionkit.core.environment import peak_rss_gb
 
 
 def status_gb(field):  # the kernel's own figures, in kB
@@ -138,7 +137,7 @@ def test_peak_rss_is_nan_with_a_reason_when_nothing_can_measure_it(monkeypatch):
 
 
 def test_training_reports_the_portable_peak():
-    from decisionkit.training import peak_memory_gb
+    from decisionkit.training.trainer import peak_memory_gb
 
     assert peak_memory_gb("cpu") == pytest.approx(peak_rss_gb(), rel=0.01)
     assert peak_rss_gb() > 0.05  # this process has torch loaded: well over 50 MB resident

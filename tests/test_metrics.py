@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from decisionkit.data import Split, read_jsonl
-from decisionkit.metrics import (
+from decisionkit.data.cases import Split, read_jsonl
+from decisionkit.data.metrics import (
     expected_calibration_error,
     paired_difference,
     prior_predictions,
@@ -76,7 +76,7 @@ def test_shapes_are_checked(splits):
 
 
 def test_against_majority_puts_each_head_beside_the_most_common_label(splits):
-    from decisionkit.metrics import against_majority
+    from decisionkit.data.metrics import against_majority
 
     train, test = splits["train"], splits["test"].head(5)
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import decisionkit
-from decisionkit import systemone
-from decisionkit.data import Split
-from decisionkit.model import DecisionModel, FeatureSpec, load
-from decisionkit.precision import ANSWER_TOLERANCE, Precision
-from decisionkit.saving import CONFIG_FILE
-from decisionkit.systemone import QuestionError, answer
+from decisionkit.contract import systemone
+from decisionkit.contract.systemone import QuestionError, answer
+from decisionkit.core.precision import ANSWER_TOLERANCE, Precision
+from decisionkit.data.cases import Split
+from decisionkit.model.decision_model import DecisionModel, FeatureSpec, load
+from decisionkit.model.saving import CONFIG_FILE
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, t
 
 
 def test_answer_shapes():
-    from decisionkit.data import Question
+    from decisionkit.data.cases import Question
 
     score_q = Question("s", "score", "", ("0", "1", "2"), ("a", "b", "c"))
     out = answer(score_q, np.array([0.2, 0.3, 0.5]))
@@ -135,8 +135,8 @@ def test_decide_many_equals_decide_per_request(model, splits, dtype, monkeypatch
 
 
 def test_one_forward_gives_features_logits_per_question_and_the_loss(model, splits, monkeypatch):
-    from decisionkit.heads import soft_cross_entropy, targets
-    from decisionkit.precision import Precision
+    from decisionkit.core.precision import Precision
+    from decisionkit.model.heads import soft_cross_entropy, targets
 
     monkeypatch.setattr(model.backbone, "precision", Precision("cpu", "float32", "test"))  # padding: sums' order only
 
@@ -173,8 +173,8 @@ def test_temperatures_are_looked_up_in_one_place(model):
 
 
 def test_saved_quantization_settings_come_back(model, tmp_path, monkeypatch):
-    from decisionkit import model as model_module
-    from decisionkit.backbone import QuantSettings
+    from decisionkit.model import decision_model as model_module
+    from decisionkit.model.backbone import QuantSettings
 
     quant = QuantSettings(quant_type="fp4", double_quant=False, compute_dtype="bfloat16")
     monkeypatch.setattr(model.backbone, "quantize", quant)

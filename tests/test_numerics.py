@@ -1,8 +1,8 @@
 """The numeric guarantee (``precision.ANSWER_TOLERANCE``) under both compute dtypes, whichever this CPU prefers:
 an AVX2 machine still runs the bfloat16 path, an AMX machine the float32 one."""
 
-from decisionkit.numerics import batch_agreement
-from decisionkit.precision import ANSWER_TOLERANCE, kernels
+from decisionkit.core.precision import ANSWER_TOLERANCE, kernels
+from decisionkit.course.numerics import batch_agreement
 
 
 def test_batched_answers_agree_with_answers_alone_within_the_documented_tolerance(quick_model, splits):

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from decisionkit import plots
-from decisionkit.data import LengthStats
-from decisionkit.latency import Scaling, Timing
-from decisionkit.memory import compare
-from decisionkit.metrics import reliability_bins, score, uniform_predictions
-from decisionkit.probe import LearningCurve, ProbeComparison, ProbeResult
+from decisionkit.course.latency import Scaling, Timing
+from decisionkit.course.memory import compare
+from decisionkit.course.probe import LearningCurve, ProbeComparison, ProbeResult
+from decisionkit.data.cases import LengthStats
+from decisionkit.data.metrics import reliability_bins, score, uniform_predictions
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

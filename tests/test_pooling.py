@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from decisionkit.pooling import POOLINGS, last_token_index, pool, pool_all
+from decisionkit.model.pooling import POOLINGS, last_token_index, pool, pool_all
 
 
 def _random_batch(padding_side: str, seed: int = 0):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from decisionkit import precision
+from decisionkit.core import precision
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from decisionkit.data import Split
-from decisionkit.features import Features
-from decisionkit.probe import compare_probes, linear_probe
+from decisionkit.course.probe import compare_probes, linear_probe
+from decisionkit.data.cases import Split
+from decisionkit.model.features import Features
 
 
 def _informative(split: Split, noise: float, seed: int = 0) -> np.ndarray:
@@ -62,7 +62,7 @@ class _FixedFeatures:
 
 
 def test_a_learning_curve_rises_with_data_and_stays_above_the_gold_floor(halves):
-    from decisionkit.probe import gold_entropy, learning_curve
+    from decisionkit.course.probe import gold_entropy, learning_curve
 
     fit, held = halves
     curve = learning_curve(_FixedFeatures(0.3), fit, held, per_workflow=(2, None), l2_grid=(1e-2,))
@@ -74,8 +74,8 @@ def test_a_learning_curve_rises_with_data_and_stays_above_the_gold_floor(halves)
 
 
 def test_learned_pooling_is_a_row_beside_the_fixed_poolings_from_one_extraction(tiny_backbone, halves, tmp_path):
-    from decisionkit.probe import pooling_comparison
-    from decisionkit.token_head import TokenHeadSpec
+    from decisionkit.course.probe import pooling_comparison
+    from decisionkit.model.token_head import TokenHeadSpec
 
     fit, held = halves
     options = dict(max_length=32, cache_dir=tmp_path, progress=False)

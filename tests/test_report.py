@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decisionkit.ensemble import average, mean_answers
-from decisionkit.metrics import score, uniform_predictions
-from decisionkit.report import REFERENCES, Ladder, RunReport, comparison, finetune_table
-from decisionkit.saving import HISTORY_FILE
+from decisionkit.course.ensemble import average, mean_answers
+from decisionkit.data.metrics import score, uniform_predictions
+from decisionkit.model.saving import HISTORY_FILE
+from decisionkit.training.report import REFERENCES, Ladder, RunReport, comparison, finetune_table
 
 
 @pytest.fixture
@@ -110,12 +110,12 @@ def test_an_ensemble_averages_and_a_ladder_prices_each_step(quick_model, splits)
 def test_the_hood_shows_the_code_the_package_runs():
     import inspect
 
-    from decisionkit.heads import soft_cross_entropy
-    from decisionkit.hood import source
+    from decisionkit.course.hood import source
+    from decisionkit.model.heads import soft_cross_entropy
 
     shown = source(soft_cross_entropy)
-    assert list(shown.parts) == ["decisionkit.heads.soft_cross_entropy"]
-    assert shown.parts["decisionkit.heads.soft_cross_entropy"] == inspect.getsource(soft_cross_entropy)
+    assert list(shown.parts) == ["decisionkit.model.heads.soft_cross_entropy"]
+    assert shown.parts["decisionkit.model.heads.soft_cross_entropy"] == inspect.getsource(soft_cross_entropy)
     assert "```python\ndef soft_cross_entropy" in shown._repr_markdown_() and "/" not in shown._repr_markdown_().split("\n")[0]
     with pytest.raises(ValueError, match="at least one"):
         source()

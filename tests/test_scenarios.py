@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import decisionkit
-from decisionkit.calibration import split_uses
-from decisionkit.data import DataError
-from decisionkit.metrics import score, uniform_predictions
-from decisionkit.scenarios import load_examples, load_scenario, load_schema
-from decisionkit.training import evaluate, preset, train, training_splits
+from decisionkit.data.cases import DataError
+from decisionkit.data.metrics import score, uniform_predictions
+from decisionkit.data.scenarios import load_examples, load_scenario, load_schema
+from decisionkit.training.calibration import split_uses
+from decisionkit.training.trainer import evaluate, preset, train, training_splits
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},

@@ -24,13 +24,16 @@ import typesafe_sdk as sdk
 from fastapi import FastAPI
 
 import decisionkit
-from decisionkit import precision, serve_lab, systemone
-from decisionkit.anomaly import fit_router
-from decisionkit.answer_fields import answer_confidence, answer_probabilities
 from decisionkit.cli import build_parser, main
-from decisionkit.precision import ANSWER_TOLERANCE
-from decisionkit.serve import ENDPOINT, Limits, RequestLimits, zstd
-from decisionkit.serve_lab import launch, load_test
+from decisionkit.contract import systemone
+from decisionkit.core import precision
+from decisionkit.core.answer_fields import answer_confidence, answer_probabilities
+from decisionkit.core.precision import ANSWER_TOLERANCE
+from decisionkit.course import serve_lab
+from decisionkit.course.serve_lab import launch, load_test
+from decisionkit.serving.app import ENDPOINT, RequestLimits, zstd
+from decisionkit.serving.config import Limits
+from decisionkit.training.anomaly import fit_router
 
 READ_TIMEOUT = 1.0  # seconds; short, so the slow-body cases end quickly
 SDK_TIMEOUT = 300.0  # seconds; the SDK's default 10 s is too short for a busy 2-core CI machine

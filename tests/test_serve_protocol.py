@@ -13,8 +13,8 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from decisionkit.serve_lab import free_port
-from decisionkit.serve_protocol import json_errors_protocol
+from decisionkit.course.serve_lab import free_port
+from decisionkit.serving.protocol import json_errors_protocol
 
 WRITTEN_FOR = "0.54.0"  # requirements/constraints.txt pins it; re-read H11Protocol before moving this
 HEADER_TIMEOUT = 0.5  # seconds

@@ -1,14 +1,15 @@
-"""The Ray Serve deployment (``serve_ray.py``), served once on a local Ray instance bound to 127.0.0.1: a System One
+"""The Ray Serve deployment (``serving/ray_app.py``), served once on a local Ray instance bound to 127.0.0.1: a System One
 request is answered as ``decide()`` answers it. Skipped without the ``ray`` extra (``pip install -e ".[dev,ray]"``,
 which the Makefile installs)."""
 
 import httpx
 import pytest
 
-from decisionkit import precision, systemone
-from decisionkit.precision import ANSWER_TOLERANCE
-from decisionkit.serve import ENDPOINT
-from decisionkit.serve_lab import free_port
+from decisionkit.contract import systemone
+from decisionkit.core import precision
+from decisionkit.core.precision import ANSWER_TOLERANCE
+from decisionkit.course.serve_lab import free_port
+from decisionkit.serving.app import ENDPOINT
 
 ray = pytest.importorskip("ray")
 
@@ -16,7 +17,7 @@ ray = pytest.importorskip("ray")
 def test_ray_serve_answers_a_system_one_request_as_decide(quick_model, splits, monkeypatch):
     from ray import serve
 
-    from decisionkit.serve_ray import ray_app
+    from decisionkit.serving.ray_app import ray_app
 
     path, model = quick_model
     case = next(c for c in splits["validation"]  # short enough for the quick model: longer states are refused

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from decisionkit.structured import TREE_ROUNDS, Fields, StructuredPart, Trees, leaves, mix_weight, tree_settings
+from decisionkit.model.structured import TREE_ROUNDS, Fields, StructuredPart, Trees, leaves, mix_weight, tree_settings
 
 STATES = [
     {"invoice": {"total_usd": 100.0 + i, "lines": [{"qty": 2, "sku": "A"}, {"qty": i, "sku": "B"}], "paid": i % 2 == 0,

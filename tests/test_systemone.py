@@ -6,9 +6,8 @@ import pytest
 from pydantic import ValidationError
 from typesafe_sdk._schemas import models as wire
 
-from decisionkit import systemone
-from decisionkit.data import Question
-from decisionkit.systemone import (
+from decisionkit.contract import systemone
+from decisionkit.contract.systemone import (
     QuestionError,
     Refusal,
     SystemOneRequest,
@@ -18,6 +17,7 @@ from decisionkit.systemone import (
     prepare,
     respond,
 )
+from decisionkit.data.cases import Question
 
 # Our model -> the official SDK's generated model of the same wire object.
 SAME_AS_SDK = {

@@ -2,11 +2,17 @@ import numpy as np
 import pytest
 import torch
 
-from decisionkit.features import encode, extract_features
-from decisionkit.fitting import mix_out_of_fold
-from decisionkit.heads import decision_loss, targets
-from decisionkit.metrics import score, uniform_predictions
-from decisionkit.token_head import TokenHead, TokenHeadSpec, fit_token_head, token_answers, token_head_probabilities
+from decisionkit.data.metrics import score, uniform_predictions
+from decisionkit.model.features import encode, extract_features
+from decisionkit.model.fitting import mix_out_of_fold
+from decisionkit.model.heads import decision_loss, targets
+from decisionkit.model.token_head import (
+    TokenHead,
+    TokenHeadSpec,
+    fit_token_head,
+    token_answers,
+    token_head_probabilities,
+)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +103,8 @@ def test_token_answers_fit_on_one_split_and_answer_another(tiny_backbone, splits
 def test_token_hybrid_sets_the_token_head_beside_the_pooled_heads_from_one_pass(tiny_backbone, splits, tmp_path,
                                                                                  monkeypatch):
     from decisionkit import settings
-    from decisionkit.fitting import HeadRecipe
-    from decisionkit.token_head import token_hybrid
+    from decisionkit.model.fitting import HeadRecipe
+    from decisionkit.model.token_head import token_hybrid
 
     monkeypatch.setenv(settings.CACHE_ENV, str(tmp_path))
     train, scored = splits["train"].head(10), splits["validation"].head(2)

@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 import decisionkit
-from decisionkit import finetune
-from decisionkit import training as train_module
-from decisionkit.backbone import ENCODER_BACKBONE, LoraSettings, QuantSettings
-from decisionkit.finetune import TRAINER_STATE
-from decisionkit.model import DecisionModel
-from decisionkit.saving import ADAPTER_DIR, BACKBONE_DIR, CHECKPOINT_DIR, HISTORY_FILE
-from decisionkit.training import preset, train
+from decisionkit.model.backbone import ENCODER_BACKBONE, LoraSettings, QuantSettings
+from decisionkit.model.decision_model import DecisionModel
+from decisionkit.model.saving import ADAPTER_DIR, BACKBONE_DIR, CHECKPOINT_DIR, HISTORY_FILE
+from decisionkit.training import finetune
+from decisionkit.training import trainer as train_module
+from decisionkit.training.finetune import TRAINER_STATE
+from decisionkit.training.trainer import preset, train
 
 # 16 cases: at the full recipe's rate (0.003) they are overfitted by step 10 and the fit keeps step 0 (uniform
 # heads); a smaller rate than even cpu-quick's, with its strong L2, learns: measured, step 20 at L2 10, dev loss

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from decisionkit import settings
-from decisionkit.presets import preset
+from decisionkit.training.presets import preset
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "decisionkit")  # what the build reads (pyproject's readme too)
@@ -80,8 +80,8 @@ from collections import Counter
 from pathlib import Path
 import numpy as np
 import decisionkit
-from decisionkit.anomaly import OFF_DOMAIN_DIR
-from decisionkit.scenarios import DATA_DIR, load_scenario
+from decisionkit.training.anomaly import OFF_DOMAIN_DIR
+from decisionkit.data.scenarios import DATA_DIR, load_scenario
 
 model = decisionkit.load(sys.argv[1])
 answers = model.decide("my credit card was charged twice, refund today")

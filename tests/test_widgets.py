@@ -7,8 +7,8 @@ import pytest
 
 import decisionkit
 from decisionkit import plots
-from decisionkit.anomaly import fit_router
-from decisionkit.widgets import DecisionPanel, lowest_confidence, parse_state
+from decisionkit.course.widgets import DecisionPanel, lowest_confidence, parse_state
+from decisionkit.training.anomaly import fit_router
 
 
 def test_parse_state_reads_json_objects_and_keeps_text():

@@ -1,8 +1,8 @@
 import numpy as np
 import torch
 
-from decisionkit.data import Split
-from decisionkit.zeroshot import letter_ids, prompt, question_block, zero_shot_predictions
+from decisionkit.data.cases import Split
+from decisionkit.training.zeroshot import letter_ids, prompt, question_block, zero_shot_predictions
 
 
 def test_question_block_lists_lettered_options(splits):

@@ -1,0 +1,1 @@
+"""Foundations every layer may use: settings, atomic saves, the compute dtype, the machine, figures."""

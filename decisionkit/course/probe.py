@@ -1,0 +1,169 @@
+"""Linear probes on frozen features: how much of each answer a pooled vector already carries.
+
+``learned_pooling`` sets a trained pooling beside them: a token head (attention over one layer's token states, a
+learned query per question) in place of the fixed mean, last or max.
+
+A probe is the decision model's own heads (one linear softmax layer per workflow and question, soft-gold
+cross-entropy) trained on fixed features, standardized with train statistics (``fitting.fit_heads``). The L2
+strength and the step are picked on the held-out cases the probe is scored on (the validation split here; training
+picks them on a dev slice of train instead), so a probe's score is a comparison between settings, not a test score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data.cases import Split
+from ..data.metrics import Scores, score
+from ..model.decision_model import DecisionOutput
+from ..model.features import Features, TokenStates, extract_features, standardization
+from ..model.fitting import fit_heads
+from ..model.heads import HeadSet, calibrated, group_rows
+from ..model.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities
+
+L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
+STEPS = 400  # full-batch steps per L2 strength, as training's stage 1
+
+
+@dataclass
+class ProbeResult:
+    """Validation scores of the best L2 strength, with the search that found it."""
+
+    name: str
+    l2: float
+    scores: Scores
+    history: pd.DataFrame = field(repr=False)  # validation loss along training, per L2 strength
+
+    def row(self) -> dict:
+        by_type = self.scores.summary("type")["accuracy"]
+        overall = self.scores.overall()
+        return {"probe": self.name, "accuracy": overall["accuracy"],
+                **{f"accuracy {t}": float(a) for t, a in by_type.items()},
+                "kl": overall["kl"], "brier": overall["brier"], "ece": overall["ece"], "L2": self.l2}
+
+
+def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validation: Split, name: str = "probe",
+                 l2_grid=L2_GRID, steps: int = STEPS) -> ProbeResult:
+    """Fit soft-label linear heads on ``train`` features and score them on ``validation`` (picking L2 there)."""
+    mean, std = standardization(train_x)
+    tx = torch.as_tensor((train_x - mean) / std, dtype=torch.float32)
+    vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
+    heads = HeadSet(train.schema(), tx.shape[1])
+    fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, steps=steps, progress=False)
+    rows = group_rows(validation.case_workflows)
+    with torch.no_grad():
+        output = DecisionOutput(vx, validation.case_workflows, heads.read(vx, rows), rows)
+    probabilities = [{qid: calibrated(z).double().numpy() for qid, z in logits.items()} for logits in output.per_case()]
+    return ProbeResult(name, fit.recipe.l2, score(validation, probabilities), pd.DataFrame(fit.history))
+
+
+@dataclass
+class ProbeComparison:
+    """Probes of several feature sets side by side (the pooling / layer comparison)."""
+
+    results: list[ProbeResult]
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([r.row() for r in self.results]).set_index("probe").round(3)
+
+    def figure(self):
+        from ..core.plots import probe_bars
+
+        return probe_bars(self)
+
+    def best(self) -> ProbeResult:
+        return max(self.results, key=lambda r: r.scores.overall()["accuracy"])
+
+
+def compare_probes(train_features: Features, train: Split, val_features: Features, validation: Split,
+                   settings: list[tuple[str, int | None]], l2_grid=L2_GRID, steps: int = STEPS) -> ProbeComparison:
+    """One probe per (pooling, layer) setting, all trained on ``train`` and scored on ``validation``."""
+    if train_features.ids != train.ids or val_features.ids != validation.ids:
+        raise ValueError("features and cases are not aligned: extract the features from these same splits")
+    results = []
+    for pooling, layer in settings:
+        layer = train_features.layers[-1] if layer is None else layer
+        results.append(linear_probe(train_features.get(pooling, layer), train, val_features.get(pooling, layer),
+                                    validation, name=f"{pooling} pooling, layer {layer}", l2_grid=l2_grid,
+                                    steps=steps))
+    return ProbeComparison(results)
+
+
+POOLING_SETTINGS = [("last", None), ("mean", None), ("max", None)]  # the three poolings of the last layer
+
+
+def pooling_comparison(backbone, train: Split, validation: Split, settings=None, steps: int = STEPS,
+                       learned: TokenHeadSpec | None = None, **feature_options) -> ProbeComparison:
+    """Extract (or reuse cached) features of both splits and probe each (pooling, layer) setting.
+
+    ``settings`` defaults to the three poolings of the last layer followed by mean pooling of every other
+    cached layer, so one call answers both "which pooling" and "which layer". With ``learned``, a last row: a token
+    head of that spec on its layer's token states (``learned_pooling``), kept by the same extraction.
+    """
+    layer = None if learned is None else learned.resolved(backbone.num_layers).layer
+    if learned is not None:
+        feature_options["token_layers"] = (layer,)
+    train_features = extract_features(backbone, train, **feature_options)
+    val_features = extract_features(backbone, validation, **feature_options)
+    if settings is None:
+        settings = POOLING_SETTINGS + [("mean", layer) for layer in train_features.layers[:-1]]
+    comparison = compare_probes(train_features, train, val_features, validation, settings, steps=steps)
+    if learned is not None:
+        comparison.results.append(learned_pooling(train_features.tokens[layer], train, val_features.tokens[layer],
+                                                  validation, learned))
+    return comparison
+
+
+def learned_pooling(train_states: TokenStates, train: Split, validation_states: TokenStates, validation: Split,
+                    spec: TokenHeadSpec = TokenHeadSpec()) -> ProbeResult:
+    """A token head (``token_head.py``: attention over one layer's token states, a learned query per question)
+    trained on ``train`` and scored on ``validation``: pooling learned, beside the fixed poolings' probes on the same
+    cases. Nothing is picked on ``validation`` here (the spec is fixed), where the probes pick their L2 on it."""
+    head = fit_token_head(train.schema(), train_states, train, spec, progress=False)
+    answers = token_head_probabilities(head, validation_states, validation)
+    return ProbeResult(f"learned pooling (attention), layer {train_states.layer}", float("nan"),
+                       score(validation, answers), pd.DataFrame())
+
+
+def gold_entropy(cases: Split) -> float:
+    """Mean entropy of the gold distributions: the lowest soft cross-entropy any model can reach on ``cases``."""
+    values = [g.probabilities[g.probabilities > 0] for c in cases for g in c.gold.values()]
+    return float(np.mean([-(v * np.log(v)).sum() for v in values]))
+
+
+@dataclass
+class LearningCurve:
+    """Probes trained on growing shares of the training cases, scored on the same held-out cases."""
+
+    rows: pd.DataFrame  # per size: train cases, held-out accuracy / KL / cross-entropy, train cross-entropy
+    floor: float  # the held-out gold entropy: no model's cross-entropy goes below it
+
+    def table(self) -> pd.DataFrame:
+        return self.rows.round(4)
+
+    def figure(self):
+        from ..core.plots import learning_curve_figure
+
+        return learning_curve_figure(self)
+
+
+def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 140, None),
+                   l2_grid=L2_GRID, steps: int = STEPS) -> LearningCurve:
+    """Heads on a frozen model's features (cached) of the first ``n`` train cases of each workflow (None: all),
+    each scored on ``held_out``: how fast accuracy still grows with data tells whether data or capacity limits."""
+    train_x = model.split_pooled(train).cpu().numpy()
+    held_x = model.split_pooled(held_out).cpu().numpy()
+    rows = []
+    for n in per_workflow:
+        subset = train if n is None else train.head(n)
+        index = [train.ids.index(i) for i in subset.ids]
+        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid, steps=steps)
+        best = result.history.loc[result.history["val_loss"].idxmin()]
+        overall = result.scores.overall()
+        rows.append({"train cases": len(subset), "accuracy": overall["accuracy"], "kl": overall["kl"],
+                     "held-out cross-entropy": best["val_loss"], "train cross-entropy": best["train_loss"]})
+    return LearningCurve(pd.DataFrame(rows).set_index("train cases"), gold_entropy(held_out))

@@ -1,0 +1,193 @@
+"""The benchmark's metrics, per decision and pooled, broken down by question type and workflow.
+
+Per decision, with gold distribution g and predicted distribution p over the same answer keys:
+
+- accuracy: argmax p equals argmax g, ties going to the first-listed key (the card's scorer); the stored
+  ``label`` rule is reported beside it as ``accuracy_label``;
+- KL(g || p) = sum_k g_k ln(g_k / p_k), terms with g_k = 0 skipped, p_k floored at 1e-12;
+- Brier = sum_k (p_k - g_k)^2, summed over the answers, not averaged;
+- ECE: 10 equal-width bins on the top answer's confidence against 0/1 correctness, pooled over all decisions.
+
+The System One answer carries a separate ``confidence`` for choice and score questions (a noul answer is its
+probability alone). ``ece_confidence`` is the ECE of that field over the decisions that carry it: a model may fit
+its probabilities to the teacher's distribution (KL) and its confidence to correctness (this ECE) at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .cases import Split
+
+KL_FLOOR = 1e-12  # the strictest floor the benchmark's scorers use
+ECE_BINS = 10
+
+
+def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> pd.DataFrame:
+    """Equal-width confidence bins (the last one closed): decisions, mean confidence and accuracy per bin."""
+    confidence = np.asarray(confidence, dtype=float)
+    correct = np.asarray(correct, dtype=float)
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    frame = pd.DataFrame({"bin": index, "confidence": confidence, "accuracy": correct})
+    table = frame.groupby("bin").agg(decisions=("bin", "size"), confidence=("confidence", "mean"),
+                                     accuracy=("accuracy", "mean"))
+    table.insert(0, "low", table.index / bins)
+    table.insert(1, "high", (table.index + 1) / bins)
+    return table
+
+
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Weighted mean |accuracy - confidence| over equal-width confidence bins."""
+    table = reliability_bins(confidence, correct, bins)
+    if table.empty:
+        return 0.0
+    weights = table["decisions"] / table["decisions"].sum()
+    return float((weights * (table["accuracy"] - table["confidence"]).abs()).sum())
+
+
+@dataclass
+class Scores:
+    """One row per decision; ``summary()`` pools them, overall or by type / workflow / question."""
+
+    decisions: pd.DataFrame
+    ece_bins: int = ECE_BINS
+
+    def summary(self, by: str | list[str] | None = None) -> pd.DataFrame:
+        def pooled(frame: pd.DataFrame) -> pd.Series:
+            return pd.Series({
+                "decisions": len(frame),
+                "accuracy": frame["correct"].mean(),
+                "accuracy_label": frame["correct_label"].mean(),
+                "kl": frame["kl"].mean(),
+                "brier": frame["brier"].mean(),
+                "ece": expected_calibration_error(frame["confidence"], frame["correct"], self.ece_bins),
+                "ece_confidence": self.confidence_ece(frame),
+            })
+
+        if by is None:
+            return pooled(self.decisions).to_frame("all").T
+        return self.decisions.groupby(by).apply(pooled, include_groups=False)
+
+    def confidence_ece(self, frame: pd.DataFrame | None = None, bins: int | None = None) -> float:
+        """ECE of the answers' ``confidence`` field, over the decisions that carry one (NaN when none does)."""
+        frame = self.decisions if frame is None else frame
+        carried = frame.dropna(subset=["answer_confidence"])
+        if carried.empty:
+            return float("nan")
+        return expected_calibration_error(carried["answer_confidence"], carried["correct"], bins or self.ece_bins)
+
+    def overall(self) -> dict[str, float]:
+        row = self.summary().iloc[0]
+        return {k: float(v) for k, v in row.items()}
+
+
+def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: list[dict[str, float]] | None = None,
+          ece_bins: int = ECE_BINS) -> Scores:
+    """Score ``predictions`` (one ``{question id: probabilities in option order}`` per case) against gold.
+    ``confidences`` (one ``{question id: confidence}`` per case, choice and score questions) are the answers'
+    ``confidence`` fields when they are calibrated apart from the probabilities; by default, the top probability."""
+    if len(predictions) != len(cases):
+        raise ValueError(f"predictions has {len(predictions)} entries; expected one per case ({len(cases)})")
+    rows = []
+    for index, (case, predicted) in enumerate(zip(cases, predictions)):
+        for qid, question in case.questions.items():
+            gold = case.gold[qid].probabilities
+            if qid not in predicted:
+                raise ValueError(f"case {case.id}: no prediction for question {qid!r}")
+            p = np.asarray(predicted[qid], dtype=float)
+            if p.shape != gold.shape:
+                raise ValueError(f"case {case.id}, question {qid!r}: prediction has {p.size} probabilities; "
+                                 f"expected {gold.size} ({', '.join(question.options)})")
+            top = int(np.argmax(p))
+            seen = gold > 0
+            carried = float("nan") if question.type == "noul" else (
+                float(p[top]) if confidences is None else float(confidences[index][qid]))
+            rows.append({
+                "case": case.id, "workflow": case.workflow, "question": qid, "type": question.type,
+                "correct": top == int(np.argmax(gold)),
+                "correct_label": question.options[top] == case.gold[qid].label,
+                "kl": float(np.sum(gold[seen] * np.log(gold[seen] / np.maximum(p[seen], KL_FLOOR)))),
+                "brier": float(np.sum((p - gold) ** 2)),
+                "confidence": float(p[top]),
+                "answer_confidence": carried,
+            })
+    return Scores(pd.DataFrame(rows), ece_bins)
+
+
+def _ece_sums(confidence: np.ndarray, correct: np.ndarray, picked: np.ndarray, bins: int) -> float:
+    """``expected_calibration_error`` of the decisions at ``picked`` (repeats count): with equal-width bins it is
+    sum over bins of |correct - confidence| summed in the bin, over the decisions."""
+    index = np.minimum((confidence[picked] * bins).astype(int), bins - 1)
+    gap = np.bincount(index, correct[picked] - confidence[picked], minlength=bins)
+    return float(np.abs(gap).sum() / len(picked))
+
+
+PAIRED_METRICS = ("accuracy", "kl", "brier", "ece")  # what paired_difference compares
+
+
+def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", resamples: int = 2000,
+                      level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``after`` minus ``before`` on the same decisions: the difference in ``metric`` (one of ``PAIRED_METRICS``;
+    ``ece`` over ``before``'s bins) and its percentile bootstrap interval at ``level``. Cases are resampled, the
+    same cases for both, not decisions: a case's questions share one state, so they are not independent draws."""
+    if metric not in PAIRED_METRICS:
+        raise ValueError(f"metric is {metric!r}; expected one of {', '.join(PAIRED_METRICS)}")
+    key = ["case", "question"]
+    a, b = (s.decisions.set_index(key).sort_index() for s in (before, after))
+    if not a.index.equals(b.index):
+        raise ValueError("the two Scores hold different decisions: score both on the same cases")
+    if metric == "ece":
+        arrays = [(d["confidence"].to_numpy(float), d["correct"].to_numpy(float)) for d in (a, b)]
+
+        def difference(picked):
+            return (_ece_sums(*arrays[1], picked, before.ece_bins) - _ece_sums(*arrays[0], picked, before.ece_bins))
+    else:
+        column = "correct" if metric == "accuracy" else metric
+        delta = b[column].to_numpy(float) - a[column].to_numpy(float)
+
+        def difference(picked):
+            return float(delta[picked].mean())
+    codes, _ = pd.factorize(a.index.get_level_values("case"))
+    rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
+    rng = np.random.default_rng(seed)
+    draws = [difference(np.concatenate([rows[k] for k in rng.integers(0, len(rows), len(rows))]))
+             for _ in range(resamples)]
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return difference(np.arange(len(a))), float(low), float(high)
+
+
+def uniform_predictions(cases: Split) -> list[dict[str, np.ndarray]]:
+    """Every option equally likely: the benchmark's "Uniform" reference row."""
+    return [{qid: np.full(len(q.options), 1 / len(q.options)) for qid, q in c.questions.items()} for c in cases]
+
+
+def gold_priors(train: Split) -> dict[tuple[str, str], np.ndarray]:
+    """The mean gold distribution of each (workflow, question) on ``train``: what is known before reading a state."""
+    sums: dict[tuple[str, str], np.ndarray] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for case in train:
+        for qid, gold in case.gold.items():
+            key = (case.workflow, qid)
+            sums[key] = sums.get(key, 0) + gold.probabilities
+            counts[key] = counts.get(key, 0) + 1
+    return {key: total / counts[key] for key, total in sums.items()}
+
+
+def prior_predictions(train: Split, cases: Split) -> list[dict[str, np.ndarray]]:
+    """The training prior of each (workflow, question) for every case: the benchmark's "prior" row."""
+    priors = gold_priors(train)
+    return [{qid: priors[(c.workflow, qid)] for qid in c.questions} for c in cases]
+
+
+def against_majority(model, train: Split, test: Split) -> pd.DataFrame:
+    """Per question: the model's test accuracy, KL and ECE beside always answering the most common training label
+    (the majority baseline), and the gain over it."""
+    scores = score(test, model.predict(test)).summary("question")
+    majority = score(test, prior_predictions(train, test)).summary("question")
+    table = pd.DataFrame({"test accuracy": scores["accuracy"], "majority baseline": majority["accuracy"],
+                          "KL": scores["kl"], "ECE": scores["ece"]})
+    table["gain"] = table["test accuracy"] - table["majority baseline"]
+    return table

@@ -1,0 +1,187 @@
+"""Saving and loading a decision model: the files of a run folder, written atomically.
+
+``save(model, path)`` writes the model into a folder: ``decisionkit.json`` (backbone id and weights checksum,
+rendering version, feature settings, question schemas, temperatures, how the heads were fitted, routing threshold,
+a hybrid's fields and mixing weights), ``heads.safetensors`` (the heads and the feature standardization, with the
+router's feature density when there is one and a hybrid's trees as arrays) and, for LoRA models, ``adapter/``; for a
+fully fine-tuned model, the tuned backbone itself in ``backbone/`` (safetensors, with its tokenizer). A crash
+mid-save leaves the previous save whole, and whatever else the folder held (the training history, reports, a
+checkpoint: the run folder's other files, named below) is carried over.
+
+``model.load(path)`` opens a saved model: ``read_config`` checks the folder's format and rendering version,
+``saved_backbone`` says which backbone to load, ``check_backbone`` refuses weights other than the trained ones, and
+``restore`` puts the saved state into the new model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .._version import __version__
+from ..core.atomic import atomic_folder
+from ..data.cases import RENDER_VERSION, Question
+from .backbone import LoraSettings, QuantSettings, weights_sha256
+from .fitting import HeadRecipe
+from .routing import Router
+from .structured import StructuredPart
+
+# The model's files
+CONFIG_FILE = "decisionkit.json"
+HEADS_FILE = "heads.safetensors"
+ADAPTER_DIR = "adapter"
+BACKBONE_DIR = "backbone"  # a fully fine-tuned backbone, saved whole
+MODEL_ITEMS = {CONFIG_FILE, HEADS_FILE, ADAPTER_DIR, BACKBONE_DIR}  # what a save writes; the rest of the folder stays
+FORMAT_VERSION = 1  # bump when the saved layout changes
+# What a run writes beside the model
+HISTORY_FILE = "history.json"  # training.train: the training curves, time, memory, what stage 1 chose
+REPORT_FILE = "report.json"  # every metric of a run report; written last, so its presence means "complete"
+REPORT_PAGE = "report.md"  # the same report, readable
+DECISIONS_FILE = "decisions.csv"  # one row per decision the report scored
+CHECKPOINT_DIR = "checkpoint"  # the last evaluated step of fine-tuning, for resuming; removed once it finishes
+
+
+def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
+    return {wf: {qid: q.to_json() for qid, q in questions.items()} for wf, questions in schema.items()}
+
+
+def schema_from_json(obj: dict) -> dict[str, dict[str, Question]]:
+    return {wf: {qid: Question.from_json(qid, q, "saved schema") for qid, q in qs.items()} for wf, qs in obj.items()}
+
+
+def config(model) -> dict:
+    """What ``decisionkit.json`` holds for ``model``."""
+    backbone = model.backbone
+    return {
+        "format": FORMAT_VERSION,
+        "decisionkit": __version__,
+        "backbone": {**(model.base or {"name": backbone.name, "weights_sha256": backbone.checksum}),
+                     "quantize": asdict(backbone.quantize) if backbone.quantize else None,
+                     "lora": asdict(backbone.lora) if backbone.lora else None,
+                     "tuned": model.tuned},  # the tuned weights are in backbone/, their hash in tuned_sha256
+        "render_version": RENDER_VERSION,
+        "features": model.spec.to_json(),
+        "schema": _schema_to_json(model.schema),
+        "temperatures": dict(model.temperatures),
+        "confidence_temperatures": model.confidence_temperatures,
+        "head_fit": asdict(model.head_recipe) if model.head_recipe is not None else None,
+        "router": model.router.config() if model.router is not None else None,
+        "structured": model.structured.config() if model.structured is not None else None,
+    }
+
+
+def save(model, path: str | Path) -> Path:
+    """Write ``model`` into the folder ``path`` atomically, keeping whatever else the folder held."""
+    path = Path(path)
+    with atomic_folder(path) as scratch:
+        tensors = {f"heads.{k}": v.detach().cpu().contiguous() for k, v in model.heads.state_dict().items()}
+        tensors["feature_mean"] = model.feature_mean.cpu()
+        tensors["feature_std"] = model.feature_std.cpu()
+        if model.router is not None:
+            tensors.update(model.router.density.tensors())
+        if model.structured is not None:
+            tensors.update({k: torch.from_numpy(v) for k, v in model.structured.tensors().items()})
+        save_file(tensors, scratch / HEADS_FILE)
+        if model.backbone.lora is not None:
+            model.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
+        saved = config(model)
+        if model.tuned:
+            model.backbone.model.save_pretrained(scratch / BACKBONE_DIR, safe_serialization=True)
+            model.backbone.tokenizer.save_pretrained(scratch / BACKBONE_DIR)
+            saved["backbone"]["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
+        (scratch / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
+        if path.exists():
+            _carry_over(path, scratch)
+    return path
+
+
+def _carry_over(previous: Path, new: Path) -> None:
+    """Hard-link into ``new`` whatever ``previous`` holds besides a model (training history, reports, a checkpoint):
+    saving a model again must not delete the rest of its folder. Links cost no copy and leave ``previous`` whole
+    until the swap."""
+    for item in previous.iterdir():
+        if item.name in MODEL_ITEMS:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, new / item.name, copy_function=os.link)
+        else:
+            os.link(item, new / item.name)
+
+
+def load_trained(model, path: str | Path) -> None:
+    """Load the heads, the feature standardization and (when saved) the adapter weights of a saved folder into
+    ``model``."""
+    path = Path(path)
+    tensors = load_file(str(path / HEADS_FILE))
+    model.heads.load_state_dict({k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")})
+    model.feature_mean.copy_(tensors["feature_mean"])
+    model.feature_std.copy_(tensors["feature_std"])
+    adapter = path / ADAPTER_DIR / "adapter_model.safetensors"
+    if model.backbone.lora is not None and adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model.encoder, load_file(str(adapter)))
+
+
+def read_config(path: Path) -> dict:
+    """The saved ``decisionkit.json`` of the folder ``path``, in a format and rendering this decisionkit reads."""
+    config_path = path / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a saved decision model")
+    saved = json.loads(config_path.read_text())
+    if saved.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{config_path}: format {saved.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
+    if saved["render_version"] != RENDER_VERSION:
+        raise ValueError(f"{config_path}: rendering {saved['render_version']!r}; this decisionkit renders "
+                         f"{RENDER_VERSION!r}")
+    return saved
+
+
+def saved_backbone(path: Path, saved: dict) -> tuple[str | Path, QuantSettings | None]:
+    """Where the backbone of the model saved in ``path`` is (its own ``backbone/`` when every weight was tuned, else
+    the name it was trained on), and its 4-bit settings as trained (not the defaults)."""
+    backbone = saved["backbone"]
+    quantize = QuantSettings(**backbone["quantize"]) if backbone["quantize"] else None
+    return (path / BACKBONE_DIR if backbone.get("tuned", False) else backbone["name"]), quantize
+
+
+def check_backbone(base, path: Path, saved: dict) -> None:
+    """Refuse a backbone whose weights differ from those the model saved in ``path`` was trained on."""
+    backbone = saved["backbone"]
+    expected = backbone["tuned_sha256"] if backbone.get("tuned", False) else backbone["weights_sha256"]
+    if base.checksum != expected:
+        raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
+                         f"trained on {backbone['name']!r} with {expected[:16]}…")
+
+
+def restore(model, path: Path, saved: dict) -> None:
+    """Put the state saved in ``path`` (``saved``: its config) into ``model``, a new model of the saved backbone,
+    schema and feature settings."""
+    backbone = saved["backbone"]
+    model.tuned = backbone.get("tuned", False)
+    if model.tuned:
+        model.base = {"name": backbone["name"], "weights_sha256": backbone["weights_sha256"]}
+    lora = backbone["lora"]
+    if lora is not None:
+        model.attach_lora(LoraSettings(**{**lora, "target_modules": tuple(lora["target_modules"])}))
+    load_trained(model, path)
+    model.temperatures.update(saved["temperatures"])
+    model.confidence_temperatures = saved.get("confidence_temperatures")
+    model.head_recipe = HeadRecipe(**saved["head_fit"]) if saved.get("head_fit") else None
+    tensors = load_file(str(path / HEADS_FILE))
+    if saved.get("structured"):
+        arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith("structured.")}
+        model.structured = StructuredPart.from_saved(saved["structured"], arrays)
+    if saved.get("router") and "priors" not in saved["router"]:
+        warnings.warn(f"{path / CONFIG_FILE}: the routing threshold was fitted by an older decisionkit (no "
+                      f"distance-aware answers); it is left out. Fit it again with decisionkit.training.anomaly.fit_router and "
+                      f"save the model")
+    elif saved.get("router"):
+        model.router = Router.from_saved(saved["router"], tensors)

@@ -1,0 +1,1 @@
+"""Serving a saved model over HTTP: the LitServe app, its wire protocol, the Ray Serve deployment."""

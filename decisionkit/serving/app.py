@@ -1,0 +1,294 @@
+"""Serving saved decision models over HTTP with the System One API (the contract is in ``systemone.py``).
+
+- ``POST /v1/systemone``  answers a System One request (``typesafe-sdk`` clients work with ``base_url=``)
+- ``GET /v1/models``      the models served, by name (a run folder's name)
+- ``GET /health``         status, and each model's workflows, questions and token limit
+- ``GET /docs``           the OpenAPI page, with every request and response schema
+
+The app is FastAPI on uvicorn, and LitServe batches it: requests that arrive within ``batch_timeout`` seconds
+of each other share one padded forward pass (``DecisionModel.decide_many``), up to ``max_batch_size``. LitServe
+runs the models in an inference worker process and the HTTP side (routes, request checks, limits) in another.
+
+Every answer is JSON, errors included: 422 with ``{"detail": [{"loc", "msg", "type", "input"}]}`` for a request
+the contract or the model refuses; 400 for malformed HTTP (a Content-Length of -5, say); 404, 405; 408 when a
+body does not arrive within ``read_timeout`` seconds; 413 past ``max_body_bytes``; 415 for a Content-Encoding
+other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are waiting for the model or
+``max_reading`` are still sending their bodies; 504 when the model did not answer within ``request_timeout``; 500
+for a bug. The server binds to 127.0.0.1 unless told otherwise.
+
+Malformed HTTP and slow headers are answered by ``protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
+errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
+``benchmarks/load_serve.py``); ``serving/ray_app.py`` deploys the same app on Ray Serve.
+"""
+
+import datetime
+import json
+from http import HTTPStatus
+from pathlib import Path
+from typing import Callable, Sequence
+
+import anyio
+import litserve as ls
+import pydantic_core
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
+
+from ..contract import systemone
+from ..contract.systemone import (
+    ModelMetadata,
+    ModelMetadataList,
+    Prepared,
+    Refusal,
+    SystemOneRequest,
+    SystemOneResponse,
+)
+from ..model.decision_model import load
+from ..model.saving import CONFIG_FILE
+from .config import Batching, Limits
+from .protocol import json_errors_protocol
+
+try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
+    from compression import zstd
+except ImportError:
+    from backports import zstd
+
+ENDPOINT = "/v1/systemone"
+
+
+# ----- what is served -----------------------------------------------------------------------------------------------
+def catalog(runs: Sequence[str | Path]) -> dict[str, Path]:
+    """Model name (the run folder's name) -> folder, for the saved models to serve."""
+    named: dict[str, Path] = {}
+    for run in map(Path, runs):
+        if not (run / CONFIG_FILE).is_file():
+            raise FileNotFoundError(f"{run / CONFIG_FILE} not found: {run} is not a saved decision model")
+        if run.name in named:
+            raise ValueError(f"two models are named {run.name!r} ({named[run.name]} and {run}); rename one folder")
+        named[run.name] = run
+    return named
+
+
+def _config(run: Path) -> dict:
+    return json.loads((run / CONFIG_FILE).read_text())
+
+
+def model_list(models: dict[str, Path]) -> ModelMetadataList:
+    """``GET /v1/models``: name, what each model answers, and the day it was saved (read from the saved configs)."""
+    entries = []
+    for name, run in models.items():
+        config = _config(run)
+        schema = config["schema"]
+        questions = sum(len(qs) for qs in schema.values())
+        saved = datetime.date.fromtimestamp((run / CONFIG_FILE).stat().st_mtime).isoformat()
+        entries.append(ModelMetadata(name=name, release_date=saved, description=(
+            f"decision model on {config['backbone']['name']}: {questions} questions in {len(schema)} workflow(s) "
+            f"({', '.join(schema)}); reads at most {config['features']['max_length']} tokens")))
+    return ModelMetadataList(models=entries)
+
+
+def health(models: dict[str, Path]) -> dict:
+    """``GET /health``: status, and each model's backbone, workflows with their questions, token limit, routing."""
+    described = {}
+    for name, run in models.items():
+        config = _config(run)
+        described[name] = {"backbone": config["backbone"]["name"], "workflows": config["schema"],
+                           "max_tokens": config["features"]["max_length"], "routing": config.get("router") is not None}
+    return {"status": "ok", "models": described}
+
+
+# ----- reading requests -------------------------------------------------------------------------------------------
+class ContractRequest(Request):
+    """A request whose body (already read within the limits by ``RequestLimits``) is decoded when zstd-compressed,
+    and parsed as strict JSON: NaN and Infinity are refused, nesting is bounded (pydantic-core's parser stops at 200
+    levels)."""
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            received = b"".join([chunk async for chunk in self.stream()])
+            self._body = _decoded(received, self.headers.get("content-encoding", "identity"), self.app.state.limits)
+        return self._body
+
+    async def json(self):
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = pydantic_core.from_json(body, allow_inf_nan=False)
+            except ValueError as err:  # FastAPI turns this exception into a 422 "json_invalid"
+                raise json.JSONDecodeError(str(err), body.decode("utf-8", "replace"), 0) from None
+        return self._json
+
+
+def _too_large(size: int, limits: Limits) -> HTTPException:
+    return HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                         f"request body is {size} bytes; the limit is {limits.max_body_bytes}")
+
+
+def _decoded(body: bytes, encoding: str, limits: Limits) -> bytes:
+    if encoding == "identity":
+        return body
+    if encoding != "zstd":
+        raise HTTPException(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                            f"Content-Encoding {encoding!r} is not supported; send the body as is or as zstd")
+    decompressor = zstd.ZstdDecompressor()
+    try:
+        data = decompressor.decompress(body, max_length=limits.max_body_bytes + 1)
+    except zstd.ZstdError as err:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, f"the zstd body does not decode ({err})") from None
+    if len(data) > limits.max_body_bytes:
+        raise _too_large(len(data), limits)
+    if not decompressor.eof:
+        raise HTTPException(HTTPStatus.BAD_REQUEST, "the zstd body is truncated")
+    return data
+
+
+class ContractRoute(APIRoute):
+    """FastAPI's custom route class: every route reads its request as a ContractRequest."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def contract_handler(request: Request):
+            return await handler(ContractRequest(request.scope, request.receive))
+
+        return contract_handler
+
+
+class RequestLimits:
+    """ASGI middleware on ``ENDPOINT``: a request's body is read in full before the request may wait for the model,
+    so a slow upload holds a reader's place, never a model slot. While its body arrives a request holds one of
+    ``max_reading`` places, and the body must come within ``read_timeout`` (408) and ``max_body_bytes`` (413); then
+    it takes one of ``max_in_flight`` slots and the app reads the body as received. Past either bound, 503 with
+    Retry-After instead of queueing without end (a client may retry; the SDK does by itself)."""
+
+    def __init__(self, app, limits: Limits):
+        self.app, self.limits, self.reading, self.active = app, limits, 0, 0
+
+    async def __call__(self, scope, receive, send):
+        # the path the app routes on: Ray Serve mounts it under a route prefix, passed as root_path
+        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) != ENDPOINT:
+            return await self.app(scope, receive, send)
+        try:
+            body = await self._read(Request(scope, receive))
+            if self.active >= self.limits.max_in_flight:
+                raise self._busy(f"{self.active} requests are in flight, the most this server takes")
+        except HTTPException as refused:
+            answer = JSONResponse({"detail": refused.detail}, refused.status_code, headers=refused.headers)
+            return await answer(scope, receive, send)
+        except ClientDisconnect:
+            return  # the client left: no one to answer
+        replayed = False
+
+        async def replay():  # the body as read, then what the connection says next (a disconnect)
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        self.active += 1
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.active -= 1
+
+    async def _read(self, request: Request) -> bytes:
+        limits = self.limits
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise _too_large(int(declared), limits)
+        if self.reading >= limits.max_reading:
+            raise self._busy(f"{self.reading} requests are still sending their bodies, the most this server waits for")
+        self.reading += 1
+        chunks, size = [], 0
+        try:
+            with anyio.fail_after(limits.read_timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limits.max_body_bytes:
+                        raise _too_large(size, limits)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise HTTPException(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
+                                f"{limits.read_timeout:g} s ({size} of {declared or '?'} bytes came)") from None
+        finally:
+            self.reading -= 1
+        return b"".join(chunks)
+
+    def _busy(self, why: str) -> HTTPException:
+        return HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"{why}; retry in {self.limits.retry_after} s",
+                             headers={"Retry-After": str(self.limits.retry_after)})
+
+
+async def _internal_error(request: Request, err: Exception) -> JSONResponse:
+    return JSONResponse({"detail": f"internal error ({type(err).__name__}); the server log has the traceback"},
+                        HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def install(app: FastAPI, models: dict[str, Path], limits: Limits) -> None:
+    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, the limits on
+    reading a request (``RequestLimits``), strict parsing, JSON for unexpected errors. ``POST /v1/systemone`` is
+    added by the deployment (it owns the batching)."""
+    app.state.limits = limits
+    app.router.route_class = ContractRoute
+    app.add_middleware(RequestLimits, limits=limits)
+    app.add_exception_handler(Exception, _internal_error)
+
+    @app.get("/v1/models", response_model=ModelMetadataList)
+    def list_models() -> ModelMetadataList:
+        return model_list(models)
+
+    @app.get("/health")
+    def status() -> dict:
+        return health(models)
+
+
+# ----- the model side -------------------------------------------------------------------------------------------------
+class SystemOneAPI(ls.LitAPI):
+    """LitServe's model side, in the inference worker: each request is checked against its model on its own, then
+    every request of a batch is answered by one ``decide_many`` per model. (LitServe reads the request model from
+    ``decode_request``'s annotation, so this module does not postpone annotations.)"""
+
+    def __init__(self, models: dict[str, Path], batching: Batching = Batching()):
+        super().__init__(max_batch_size=batching.max_batch_size, batch_timeout=batching.timeout, api_path=ENDPOINT)
+        self.runs = models
+
+    def setup(self, device: str) -> None:
+        self.models = {name: load(run, device=device.split(":")[0]) for name, run in self.runs.items()}
+
+    def decode_request(self, request: SystemOneRequest) -> Prepared | Refusal:
+        return systemone.prepare(self.models, request)  # never raises: one refusal must not fail its batch
+
+    def predict(self, prepared: list[Prepared | Refusal] | Prepared | Refusal):
+        if isinstance(prepared, list):  # batching on
+            return systemone.respond(self.models, prepared)
+        return systemone.respond(self.models, [prepared])[0]
+
+    def encode_response(self, output: dict | Refusal) -> SystemOneResponse:
+        return refusal_response(output) if isinstance(output, Refusal) else output
+
+
+def refusal_response(refusal: Refusal) -> JSONResponse:
+    return JSONResponse({"detail": refusal.detail}, HTTPStatus.UNPROCESSABLE_ENTITY)
+
+
+class SystemOneServer(ls.LitServer):
+    """LitServe's server for ``SystemOneAPI``, with the shared routes and limits installed on its FastAPI app."""
+
+    def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits()):
+        self.served, self.limits = models, limits
+        super().__init__(SystemOneAPI(models, batching), accelerator="auto", devices=1, timeout=limits.request_timeout,
+                         healthcheck_path="/litserve/health")  # LitServe's readiness probe; /health is ours
+
+    def register_endpoints(self) -> None:
+        install(self.app, self.served, self.limits)  # before LitServe adds its routes, so they read strictly too
+        super().register_endpoints()
+
+
+def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000, batching: Batching = Batching(),
+          limits: Limits = Limits(), log_level: str = "warning") -> None:
+    """Serve the saved models in ``runs`` until interrupted (``decisionkit serve`` calls this)."""
+    server = SystemOneServer(catalog(runs), batching, limits)
+    server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
+               http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)

@@ -1,0 +1,300 @@
+"""Training a decision model: soft-gold cross-entropy, one API, four modes (``presets.py`` names the runs).
+
+- ``heads``: the backbone stays frozen; its pooled features are extracted once (cached on disk) and the heads
+  train on them in seconds (stage 1, ``fitting.fit_heads``; every mode starts with it). The L2 strength and the
+  number of steps are picked on a dev slice of train; the heads are then fitted again on all of train with that
+  choice. A hybrid (``structured``) then adds trees on the state's fields, mixed with the heads at weights chosen
+  out of fold (``fit_structured``).
+- ``full``:  every backbone weight trains with the heads (stage 2, ``finetune.py``), starting from the stage-1 heads:
+  a linear probe first, then fine-tuning, so random heads never pull the backbone around (LP-FT, Kumar et al. 2022).
+- ``lora``:  stage 2 with only LoRA adapters trainable in the backbone.
+- ``qlora``: ``lora`` on a 4-bit NF4 base (Unsloth on a GPU; bitsandbytes + peft elsewhere).
+
+The validation split (80 cases) is left for temperatures and routing thresholds; the test split is never loaded
+here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..core.atomic import write_text
+from ..core.environment import peak_rss_gb, synchronize
+from ..data.cases import Split, dev_slice, load_typed_decisions
+from ..data.metrics import Scores, score
+from ..model.backbone import load_backbone
+from ..model.decision_model import DecisionModel, DecisionOutput, load
+from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
+from ..model.heads import group_rows
+from ..model.saving import HISTORY_FILE
+from ..model.structured import TREE_ROUNDS, StructuredPart, mix_weights, mixed
+from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepare
+from .presets import Preset, preset
+
+PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def peak_memory_gb(device: str) -> float:
+    """CUDA max allocated on a GPU; the process's peak resident memory on CPU."""
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 1e9
+    return peak_rss_gb()  # portable: ru_maxrss is KiB on Linux, bytes on macOS; Windows has no resource module
+
+
+@dataclass
+class StructuredFit:
+    """How the hybrid was fitted: each part's and the mixture's out-of-fold scores on train, and the weights."""
+
+    scores: pd.DataFrame  # (part, workflow) -> accuracy, KL: heads alone, trees alone, hybrid
+    weights: dict[str, dict[str, float]]  # workflow -> question -> weight of the heads
+
+    def table(self) -> pd.DataFrame:
+        """Out-of-fold accuracy by workflow (and all), one column per part."""
+        return self.scores["accuracy"].unstack("part")[list(PARTS)]
+
+
+def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int = STRUCTURED_FOLDS,
+                   rounds: int = TREE_ROUNDS) -> StructuredFit:
+    """Make ``model`` the hybrid: trees on the fields of ``cases`` (the heads' training cases; ``features``: theirs,
+    standardized), averaged with the heads at a weight per question chosen on out-of-fold predictions of both (each
+    case scored by heads and trees fitted on the other folds), then fitted on every case."""
+    heads: list[dict] = [{} for _ in cases]
+    trees: list[dict] = [{} for _ in cases]
+    for fold in cross_fit(model, cases, features, folds, structured=True, rounds=rounds):
+        held = [cases[i] for i in fold.held]
+        with torch.no_grad():
+            output = model.read(features[fold.held], [c.workflow for c in held], heads=fold.heads)
+        for i, logits in zip(fold.held, output.per_case()):
+            heads[i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
+        for i, answers in zip(fold.held, fold.structured.answers(Split("held", held, cases.source))):
+            trees[i] = answers
+    weights = mix_weights(cases, heads, trees)
+    hybrid = mixed(cases, heads, trees, weights)
+    frames = {}
+    for part, predictions in zip(PARTS, (heads, trees, hybrid)):
+        scores = score(cases, predictions)
+        frames[part] = pd.concat([scores.summary("workflow"), scores.summary()])[["accuracy", "kl"]]
+    model.structured = StructuredPart.fit(cases, weights, rounds=rounds)
+    return StructuredFit(pd.concat(frames, names=["part", "workflow"]), weights)
+
+
+def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
+    """A hybrid's parts scored apart on ``cases``: the heads alone and the trees alone, neither calibrated (the
+    parts a hybrid is measured against: it should beat both)."""
+    features = model.split_features(cases)
+    rows = group_rows(cases.case_workflows)
+    with torch.no_grad():
+        heads = DecisionOutput(features, cases.case_workflows, model.heads.read(features, rows), rows).per_case()
+    trees = model.structured.answers(cases)
+    return {"heads alone": score(cases, [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
+                                         for h in heads]),
+            "trees alone": score(cases, trees)}
+
+
+@dataclass
+class TrainResult:
+    """What a run did: the training curves, the best held-out loss, wall time and peak memory."""
+
+    preset: Preset
+    history: pd.DataFrame
+    best_val_loss: float
+    seconds: float
+    peak_memory_gb: float
+    out: Path
+    extra: dict = field(default_factory=dict)
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame({"value": {
+            "preset": self.preset.name, "mode": self.preset.mode, "best dev loss": round(self.best_val_loss, 4),
+            "wall time (s)": round(self.seconds, 1), "peak memory (GB)": round(self.peak_memory_gb, 2),
+            **self.extra}})
+
+    def figure(self):
+        from ..core.plots import training_curves
+
+        return training_curves(self.history)
+
+
+def load_split(dataset: str, split: str, data_dir=None) -> Split:
+    """A split of typed-decisions (from ``data_dir`` or the usual places) or of a scenario folder."""
+    if dataset == "typed-decisions":
+        return load_typed_decisions(split, data_dir)
+    from ..data.scenarios import load_scenario
+
+    return load_scenario(dataset, split)
+
+
+def training_pool(p: Preset, data_dir=None) -> Split:
+    """Every train case preset ``p`` uses, the dev slice included, in file order (features are cached for it)."""
+    train = load_split(p.dataset, "train", data_dir)
+    return train.head(p.train_per_workflow + p.dev_per_workflow) if p.train_per_workflow else train
+
+
+def held_out_test(p: Preset, data_dir=None) -> Split:
+    """The test cases a run of preset ``p`` is scored on: all, or ``test_per_workflow`` of each workflow."""
+    test = load_split(p.dataset, "test", data_dir)
+    return test.head(p.test_per_workflow) if p.test_per_workflow else test
+
+
+def training_splits(p: Preset, data_dir=None) -> tuple[Split, Split, Split]:
+    """``(train, dev, validation)`` for preset ``p``: the dev slice is held out of the training pool (or is the
+    validation split itself when ``dev_per_workflow`` is 0)."""
+    pool = training_pool(p, data_dir)
+    validation = load_split(p.dataset, "validation", data_dir)
+    if p.validation_per_workflow:
+        validation = validation.head(p.validation_per_workflow)
+    if p.dev_per_workflow:
+        train, dev = dev_slice(pool, p.dev_per_workflow)
+    else:
+        train, dev = pool, validation
+    return train, dev, validation
+
+
+def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, progress: bool = True) -> TrainResult:
+    """Train preset ``p`` and save the best model to ``out`` (``decisionkit.load(out)`` opens it)."""
+    p = preset(p) if isinstance(p, str) else p
+    out = Path(out)
+    started = time.perf_counter()
+    backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
+    # seeded after the load: a process's first load probes the compute dtype on random matrices, and the dropout
+    # masks of stage 2 must not depend on whether this run came first
+    seed_everything(p.seed)
+    train_split, dev, validation = training_splits(p, data_dir)
+    model = DecisionModel(backbone, train_split.schema(), p.features)
+
+    # Stage 1: heads on frozen, cached features; L2 and steps picked on the dev slice.
+    pool = training_pool(p, data_dir)  # one cached extraction for train and dev (and the router, later)
+    extraction = time.perf_counter()
+    pooled = dict(zip(pool.ids, model.split_pooled(pool)))
+    extraction = time.perf_counter() - extraction  # a second or two when the on-disk cache has the features
+    train_pooled = torch.stack([pooled[i] for i in train_split.ids])
+    dev_pooled = model.split_pooled(dev) if dev is validation else torch.stack([pooled[i] for i in dev.ids])
+    train_x, dev_x = model.normalize_fitted(train_pooled), model.normalize(dev_pooled)
+    fit = fit_heads(model.heads, train_split, dev, train_x, dev_x, p.l2_grid, p.head_steps, p.head_lr, p.ordinal,
+                    progress)
+    history, best = fit.history, fit.best_val_loss
+    extra = {"head L2": fit.recipe.l2, "head steps": fit.recipe.steps, "train cases": len(train_split), "dev cases": len(dev),
+             "validation cases": len(validation), "feature extraction (s)": round(extraction, 1),
+             **backbone.precision.describe()}
+    if p.mode == "heads":
+        model.head_recipe = fit.recipe
+        if p.dev_per_workflow:  # the choice is made: fit again on every training case
+            train_x = model.normalize_fitted(torch.stack(list(pooled.values())))
+            refit_heads(model.heads, pool, train_x, fit.recipe)
+            extra["train cases"] = len(pool)
+        if p.structured:
+            hybrid = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x, rounds=p.tree_rounds)
+            extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid.scores.loc[(part, "all"), "accuracy"]), 4)
+                          for part in PARTS})
+        model.save(out)
+    else:
+        history, best, step = finetune(model, train_split, dev, p, out, history, best, fit.recipe.l2, resume,
+                                       progress)
+        extra["best step"] = step
+    seconds = time.perf_counter() - started
+    peak = peak_memory_gb(backbone.device)
+    result = TrainResult(p, pd.DataFrame(history), best, seconds, peak, out, extra)
+    write_text(out / HISTORY_FILE, json.dumps({
+        "preset": p.to_json(), "history": history, "best_val_loss": best, "seconds": seconds, "peak_memory_gb": peak,
+        "machine": platform.platform(), **extra}, indent=2, default=str))
+    return result
+
+
+@dataclass
+class StepCost:
+    """What one optimizer step of a fine-tuning preset costs on this machine, and the epoch and run it implies
+    (the dev evaluations and stage 1 not counted)."""
+
+    preset: Preset
+    backbone: str
+    trainable: int  # parameters the step updates
+    tokens: list[int]  # per timed step, after the cut at max_length
+    seconds: list[float]  # per timed step
+    steps_per_epoch: int
+    compute_dtype: str
+
+    @property
+    def step_seconds(self) -> float:
+        return float(np.mean(self.seconds))
+
+    def row(self) -> dict:
+        run_steps = max(1, round(self.preset.epochs * self.steps_per_epoch))
+        return {"backbone": self.backbone, "mode": self.preset.mode, "trainable parameters": self.trainable,
+                "cases per step": self.preset.batch_size, "tokens per step": float(np.mean(self.tokens)),
+                "timed steps": len(self.seconds), "s per step": self.step_seconds,
+                "steps per epoch": self.steps_per_epoch, "epoch (min)": self.step_seconds * self.steps_per_epoch / 60,
+                "epochs": self.preset.epochs, "run (h)": self.step_seconds * run_steps / 3600,
+                "compute dtype": self.compute_dtype}
+
+
+@dataclass
+class StepCosts:
+    """``step_costs``' measurements, one per preset."""
+
+    costs: dict[str, StepCost]
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame.from_dict({name: c.row() for name, c in self.costs.items()}, orient="index")
+
+
+def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCost:
+    """Time ``steps`` optimizer steps of fine-tuning preset ``p`` (after ``warmup`` untimed ones) exactly as
+    ``train`` runs them: its backbone made trainable as the mode says, its batches (every workflow mixed, micro-batches
+    of similar length), its optimizer and clipping; the heads start uniform, which costs the same. What a step costs
+    is what decides whether fine-tuning fits a CPU: the epoch is ``steps_per_epoch`` of them."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    p = preset(p) if isinstance(p, str) else p
+    if p.mode == "heads":
+        raise ValueError(f"preset {p.name!r} has mode 'heads': it has no fine-tuning step to time")
+    backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
+    seed_everything(p.seed)
+    train_split, _, _ = training_splits(p, data_dir)
+    model = DecisionModel(backbone, train_split.schema(), p.features)
+    accelerator, optimizer = prepare(model, p)
+    per_epoch = math.ceil(len(train_split) / p.batch_size)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, round(p.warmup * per_epoch), per_epoch)
+    trainable = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    lengths = cut_lengths(accelerator.unwrap_model(model), train_split)
+    plans = mixed_steps(train_split.case_workflows, lengths, p.batch_size, p.micro_batch, p.seed)
+    if warmup + steps > len(plans):
+        raise ValueError(f"steps + warmup is {warmup + steps}; preset {p.name!r} has {len(plans)} steps an epoch")
+    seconds, tokens = [], []
+    for k, plan in enumerate(plans[:warmup + steps]):
+        started = time.perf_counter()
+        optimizer_step(model, accelerator, optimizer, scheduler, plan, train_split, p, p.l2_grid[0])
+        synchronize(backbone.device)
+        if k >= warmup:
+            seconds.append(time.perf_counter() - started)
+            tokens.append(sum(lengths[i] for micro in plan for i in micro))
+    return StepCost(p, backbone.name.split("/")[-1], trainable, tokens, seconds, per_epoch,
+                    backbone.precision.dtype)
+
+
+def step_costs(presets, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCosts:
+    """``step_cost`` of each preset, one after the other (each loads its own backbone)."""
+    return StepCosts({(p if isinstance(p, str) else p.name): step_cost(p, steps, warmup, data_dir) for p in presets})
+
+
+def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):
+    """Scores of a saved (or in-memory) model on ``split`` of ``dataset``; ``metrics.Scores`` breaks them down."""
+    model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
+    cases = load_split(dataset, split, data_dir)
+    return score(cases, *model.outputs(cases))
