@@ -110,12 +110,20 @@ def cmd_decide(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import ipaddress
+
     from .serving.app import serve
+
+    api_key = args.api_key or settings.api_key()
+    if not api_key and not (args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback):
+        print(f"warning: serving on {args.host} without an API key: anyone who reaches the port may call it "
+              f"(--api-key or ${settings.API_KEY_ENV})", file=sys.stderr, flush=True)
 
     limits = Limits(**{name: getattr(args, name) for name in asdict(Limits())})
     print(f"serving {', '.join(args.runs)} on http://{args.host}:{args.port} (POST /v1/systemone, GET /v1/models, "
-          f"GET /health, docs at /docs); Ctrl-C stops", flush=True)
-    serve(args.runs, args.host, args.port, Batching(args.max_batch_size, args.batch_timeout), limits)
+          f"GET /health, docs at /docs){'; API key required' if api_key else ''}; Ctrl-C or SIGTERM stops", flush=True)
+    serve(args.runs, args.host, args.port, Batching(args.max_batch_size, args.batch_timeout), limits,
+          api_key=api_key)
     return 0
 
 
@@ -163,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("runs", nargs="+", help="folders of saved models; each is served under its folder's name")
     sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sub.add_argument("--port", type=int, default=8000)
+    sub.add_argument("--api-key", default=None, help="ask every request for Authorization: Bearer KEY (default: "
+                     f"${settings.API_KEY_ENV}; unset, none is asked: keep the server on loopback)")
     batching, limits = Batching(), Limits()
     sub.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
                      help="requests per forward pass (1: no batching)")

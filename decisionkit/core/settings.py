@@ -7,6 +7,8 @@ Every setting comes from an environment variable so that notebooks, tests and CI
   (default: ``~/.cache/decisionkit``).
 - ``DECISIONKIT_QUICK`` ``1`` shrinks notebook and demo sizes (same code path, smaller subsets).
 - ``TQDM_DISABLE``      ``1`` hides progress bars (tests and CI: nbval compares what cells write).
+- ``DECISIONKIT_API_KEY`` the key ``decisionkit serve`` asks of every request (``Authorization: Bearer``); unset,
+  it asks none.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 DATA_ENV = "DECISIONKIT_DATA"
 CACHE_ENV = "DECISIONKIT_CACHE"
 QUICK_ENV = "DECISIONKIT_QUICK"
+API_KEY_ENV = "DECISIONKIT_API_KEY"
 
 
 def cache_dir() -> Path:
@@ -45,3 +48,8 @@ def quick_mode() -> bool:
 def progress_hidden() -> bool:
     """True when ``TQDM_DISABLE`` is set to a true value: every decisionkit progress bar stays hidden."""
     return flag("TQDM_DISABLE")
+
+
+def api_key() -> str | None:
+    """The server's API key from ``DECISIONKIT_API_KEY``, or None when unset or blank."""
+    return os.environ.get(API_KEY_ENV, "").strip() or None

@@ -36,6 +36,7 @@ import pandas as pd
 import torch
 
 from ..contract.systemone import SystemOneResponse
+from ..core import settings
 from ..core.answer_fields import answer_confidence, answer_probabilities
 from ..core.plots import load_curves
 from ..data.cases import Split
@@ -56,16 +57,17 @@ def free_port() -> int:
 
 @dataclass
 class Launched:
-    """A ``decisionkit serve`` child process; ``stop()`` ends it and the processes LitServe started."""
+    """A ``decisionkit serve`` child process; ``stop()`` sends it SIGTERM, which stops the processes LitServe
+    started too (its process group is killed only if it has not exited within ``timeout`` seconds)."""
 
     process: subprocess.Popen
     url: str
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
@@ -78,15 +80,19 @@ class Launched:
 
 
 def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batching = Batching(),
-           limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None) -> Launched:
+           limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None,
+           api_key: str | None = None) -> Launched:
     """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group) and return once
-    ``GET /health`` answers; ``log`` receives its output (default: discarded)."""
+    ``GET /health`` answers; ``log`` receives its output (default: discarded). ``api_key`` reaches the server
+    through its environment (never its command line, which any user of the machine can read)."""
     port = port or free_port()
     command = [sys.executable, "-m", "decisionkit", "serve", *map(str, runs), "--port", str(port),
                "--max-batch-size", str(batching.max_batch_size), "--batch-timeout", str(batching.timeout),
                *(arg for name, value in asdict(limits).items() for arg in (f"--{name.replace('_', '-')}", str(value)))]
     output = open(log, "ab") if log else subprocess.DEVNULL
-    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    environment = {**os.environ, settings.API_KEY_ENV: api_key or ""}
+    process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                               env=environment)
     launched = Launched(process, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
@@ -94,7 +100,9 @@ def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batchi
             raise RuntimeError(f"decisionkit serve exited with status {process.returncode} before answering"
                                + (f"; see {log}" if log else "; pass log= to see why"))
         try:
-            with urllib.request.urlopen(f"{launched.url}/health", timeout=5) as response:
+            probe = urllib.request.Request(f"{launched.url}/health",
+                                           headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+            with urllib.request.urlopen(probe, timeout=5) as response:
                 if response.status == HTTPStatus.OK:
                     return launched
         except (urllib.error.URLError, OSError):

@@ -16,13 +16,25 @@ other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are wa
 ``max_reading`` are still sending their bodies; 504 when the model did not answer within ``request_timeout``; 500
 for a bug. The server binds to 127.0.0.1 unless told otherwise.
 
+With an API key (``decisionkit serve --api-key`` or ``DECISIONKIT_API_KEY``), every route asks for
+``Authorization: Bearer <key>`` (what the official client sends) and answers 401 in JSON without it; LitServe's
+readiness probe (``/litserve/health``, which says nothing but "ok") stays open. Without a key, anyone who can
+reach the port may call it: keep it on loopback.
+
+SIGTERM and SIGINT (Ctrl-C) shut the server down the same way, by LitServe's graceful shutdown: the requests in flight
+are answered, then every process LitServe started is stopped and joined (``tests/test_serve_lifecycle.py`` signals a
+live server). Without ``graceful_sigterm``, SIGTERM ended the main process alone and its workers kept serving.
+
 Malformed HTTP and slow headers are answered by ``protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
 errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
 ``benchmarks/load_serve.py``); ``serving/ray_app.py`` deploys the same app on Ray Serve.
 """
 
 import datetime
+import hmac
 import json
+import signal
+from contextlib import contextmanager
 from http import HTTPStatus
 from pathlib import Path
 from typing import Callable, Sequence
@@ -55,6 +67,7 @@ except ImportError:
     from backports import zstd
 
 ENDPOINT = "/v1/systemone"
+READINESS_PATH = "/litserve/health"  # LitServe's own probe; our /health describes the models
 
 
 # ----- what is served -----------------------------------------------------------------------------------------------
@@ -221,18 +234,40 @@ class RequestLimits:
                              headers={"Retry-After": str(self.limits.retry_after)})
 
 
+class BearerKey:
+    """ASGI middleware: every request but the readiness probe must carry ``Authorization: Bearer <key>``; without
+    it, or with another key, a JSON 401 that says which (compared in constant time)."""
+
+    def __init__(self, app, key: str):
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) == READINESS_PATH:
+            return await self.app(scope, receive, send)
+        sent = dict(scope["headers"]).get(b"authorization")
+        if sent is not None and hmac.compare_digest(sent, self.expected):
+            return await self.app(scope, receive, send)
+        why = ("no Authorization header; this server needs Authorization: Bearer <API key>" if sent is None else
+               "the Authorization header does not carry this server's API key (expected Bearer <API key>)")
+        answer = JSONResponse({"detail": why}, HTTPStatus.UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        await answer(scope, receive, send)
+
+
 async def _internal_error(request: Request, err: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"internal error ({type(err).__name__}); the server log has the traceback"},
                         HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def install(app: FastAPI, models: dict[str, Path], limits: Limits) -> None:
-    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, the limits on
-    reading a request (``RequestLimits``), strict parsing, JSON for unexpected errors. ``POST /v1/systemone`` is
-    added by the deployment (it owns the batching)."""
+def install(app: FastAPI, models: dict[str, Path], limits: Limits, api_key: str | None = None) -> None:
+    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, the API key when
+    one is given (``BearerKey``, checked before anything else), the limits on reading a request (``RequestLimits``),
+    strict parsing, JSON for unexpected errors. ``POST /v1/systemone`` is added by the deployment (it owns the
+    batching)."""
     app.state.limits = limits
     app.router.route_class = ContractRoute
     app.add_middleware(RequestLimits, limits=limits)
+    if api_key:
+        app.add_middleware(BearerKey, key=api_key)  # added last, so it runs first
     app.add_exception_handler(Exception, _internal_error)
 
     @app.get("/v1/models", response_model=ModelMetadataList)
@@ -276,19 +311,33 @@ def refusal_response(refusal: Refusal) -> JSONResponse:
 class SystemOneServer(ls.LitServer):
     """LitServe's server for ``SystemOneAPI``, with the shared routes and limits installed on its FastAPI app."""
 
-    def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits()):
-        self.served, self.limits = models, limits
+    def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits(),
+                 api_key: str | None = None):
+        self.served, self.limits, self.api_key = models, limits, api_key
         super().__init__(SystemOneAPI(models, batching), accelerator="auto", devices=1, timeout=limits.request_timeout,
-                         healthcheck_path="/litserve/health")  # LitServe's readiness probe; /health is ours
+                         healthcheck_path=READINESS_PATH)
 
     def register_endpoints(self) -> None:
-        install(self.app, self.served, self.limits)  # before LitServe adds its routes, so they read strictly too
+        install(self.app, self.served, self.limits, self.api_key)  # before LitServe's routes: they read strictly too
         super().register_endpoints()
 
 
 def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000, batching: Batching = Batching(),
-          limits: Limits = Limits(), log_level: str = "warning") -> None:
-    """Serve the saved models in ``runs`` until interrupted (``decisionkit serve`` calls this)."""
-    server = SystemOneServer(catalog(runs), batching, limits)
-    server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
-               http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)
+          limits: Limits = Limits(), log_level: str = "warning", api_key: str | None = None) -> None:
+    """Serve the saved models in ``runs`` until SIGTERM or SIGINT (``decisionkit serve`` calls this); with
+    ``api_key``, every request must carry it as ``Authorization: Bearer``."""
+    server = SystemOneServer(catalog(runs), batching, limits, api_key)
+    with graceful_sigterm():
+        server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
+                   http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)
+
+
+@contextmanager
+def graceful_sigterm():
+    """SIGTERM handled as Ctrl-C is (KeyboardInterrupt), so that a supervisor's stop runs the same shutdown, which
+    stops every child process, instead of ending this process alone and leaving its children serving."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

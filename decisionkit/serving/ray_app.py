@@ -25,17 +25,21 @@ from ray import serve
 
 from ..contract import systemone
 from ..contract.systemone import Prepared, Refusal, SystemOneRequest, SystemOneResponse
+from ..core import settings
 from ..model.decision_model import load
-from .app import ENDPOINT, catalog, install, refusal_response
+from .app import ENDPOINT, catalog, graceful_sigterm, install, refusal_response
 from .config import Batching, Limits
+
+APP_NAME = "decisionkit"
 
 
 def ray_app(runs: Sequence[str | Path], batching: Batching = Batching(), limits: Limits = Limits(),
-            replicas: int = 1):
-    """A bound Ray Serve application serving the saved models in ``runs`` (pass it to ``serve.run``)."""
+            replicas: int = 1, api_key: str | None = None):
+    """A bound Ray Serve application serving the saved models in ``runs`` (pass it to ``serve.run``); with
+    ``api_key``, every request must carry it as ``Authorization: Bearer``."""
     models = catalog(runs)
     app = FastAPI(title="decisionkit System One (Ray Serve)")
-    install(app, models, limits)
+    install(app, models, limits, api_key)
 
     @serve.deployment(num_replicas=replicas, max_ongoing_requests=limits.max_in_flight,
                       max_queued_requests=limits.max_in_flight)
@@ -65,20 +69,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--max-batch-size", type=int, default=Batching().max_batch_size)
+    parser.add_argument("--batch-timeout", type=float, default=Batching().timeout,
+                        help="seconds to wait for a batch to fill")
+    parser.add_argument("--api-key", default=None, help=f"ask every request for it (default: ${settings.API_KEY_ENV})")
     args = parser.parse_args(argv)
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
-    serve.run(ray_app(args.runs, Batching(args.max_batch_size), replicas=args.replicas), route_prefix="/")
-    print(f"serving {', '.join(args.runs)} on http://127.0.0.1:{args.port}{ENDPOINT} (Ray Serve); Ctrl-C stops",
-          flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with graceful_sigterm():  # SIGTERM takes Ctrl-C's path: Serve and the local Ray instance are shut down
+        try:
+            serve.run(ray_app(args.runs, Batching(args.max_batch_size, args.batch_timeout), replicas=args.replicas,
+                              api_key=args.api_key or settings.api_key()), route_prefix="/", name=APP_NAME)
+            print(f"serving {', '.join(args.runs)} on http://127.0.0.1:{args.port}{ENDPOINT} (Ray Serve); Ctrl-C or "
+                  "SIGTERM stops", flush=True)
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            serve.delete(APP_NAME)  # the replicas finish the requests they hold (the proxy is still up to answer)
+            serve.shutdown()
+            ray.shutdown()
 
 
 if __name__ == "__main__":
