@@ -1,6 +1,7 @@
 # decisionkit: two commands on a fresh machine.
 #   make demo   the main job end to end on the offline default backbone
-#   make test   the whole test suite (unit tests + notebooks in quick mode), as CI runs it
+#   make test   the whole test suite (unit, integration and notebook tiers, quick mode), as CI runs it
+#   make test-unit   the fast tier alone: no trained model, server, browser, wheel or notebook (about 3 minutes)
 # Both first build a project-local virtual environment in .venv (once; rebuilt when the pins change).
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ DATA ?= ../shared/typed-decisions
 export DECISIONKIT_DATA ?= $(abspath $(DATA))
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: demo test notebooks clean
+.PHONY: demo test test-unit notebooks clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/backbone.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q --durations=25
+
+test-unit: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q -m unit --durations=10
 
 # re-run every notebook in full mode and save it with its outputs. No widget state is stored: with it, static
 # viewers (nbconvert, nbviewer) show a widget view that needs a CDN; without it they show the panels' static

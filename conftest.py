@@ -17,3 +17,23 @@ if "DECISIONKIT_DTYPE" not in os.environ:
     from decisionkit.core.precision import choose
 
     os.environ["DECISIONKIT_DTYPE"] = choose().dtype
+
+
+# The suite's tiers (`pytest -m unit`, `-m integration`, `-m notebooks`; `make test` runs all three, as CI does).
+# A test is an integration test when it starts another process or server, drives a browser, builds a wheel, or needs
+# a trained model (the session's quick model); a notebook item is a notebook test; everything else is a unit test.
+INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py", "test_serve_ray.py",
+                     "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py"}
+INTEGRATION_FIXTURES = {"quick_model"}
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebooks)
+        elif item.path.name in INTEGRATION_FILES or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)

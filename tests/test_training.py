@@ -161,8 +161,8 @@ def test_full_mode_trains_every_weight_and_resumes(tmp_path, monkeypatch, splits
 LEARNING_HEADS = dict(train_per_workflow=2, head_steps=20, head_lr=1e-4, l2_grid=(1.0, 10.0), eval_every=1)
 
 
-def test_lora_mode_checkpoints_and_resumes(tmp_path, monkeypatch, splits):
-    p = preset("cpu-lora-quick", **LEARNING_HEADS)
+def test_lora_mode_checkpoints_and_resumes(tmp_path, monkeypatch, splits, tiny_backbone_path):
+    p = preset("cpu-lora-quick", backbone=str(tiny_backbone_path), **LEARNING_HEADS)  # mechanics: the tiny Llama
     out, stopped = _resumes_as_if_never_stopped(p, tmp_path, monkeypatch, stop=1)
     assert _adapters_trained(stopped) and (out / ADAPTER_DIR / "adapter_model.safetensors").is_file()
     model = decisionkit.load(out)
@@ -171,8 +171,8 @@ def test_lora_mode_checkpoints_and_resumes(tmp_path, monkeypatch, splits):
     assert set(model.decide(case.state, workflow=case.workflow)) == set(case.questions)
 
 
-def test_qlora_mode_trains_adapters_on_a_4bit_backbone_and_reloads(tmp_path, monkeypatch, splits):
-    p = preset("cpu-lora-quick", mode="qlora", lr=1e-3, **LEARNING_HEADS)
+def test_qlora_mode_trains_adapters_on_a_4bit_backbone_and_reloads(tmp_path, monkeypatch, splits, tiny_backbone_path):
+    p = preset("cpu-lora-quick", mode="qlora", lr=1e-3, backbone=str(tiny_backbone_path), **LEARNING_HEADS)
     case = splits["validation"][0]
     answered = {}  # folder -> what the model in training answered when it was last saved there
     real_save = DecisionModel.save
