@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -7,20 +8,17 @@ import torch
 import decisionkit
 from decisionkit.data.metrics import expected_calibration_error, reliability_bins, score
 from decisionkit.data.scenarios import load_scenario
-from decisionkit.training.calibration import (
+from decisionkit.training.calibration import STAGES, calibrate, calibrate_out_of_fold, fitted_where, risk_coverage
+from decisionkit.training.runs import shared_run
+from decisionkit.training.temperature import (
     BOUNDS,
-    STAGES,
     DecisionLogits,
-    calibrate,
-    calibrate_out_of_fold,
+    LogitGroup,
     decision_logits,
     fit_temperature,
-    fitted_where,
     out_of_fold_logits,
-    risk_coverage,
     temperature_rule,
 )
-from decisionkit.training.runs import shared_run
 
 ONES = dict.fromkeys(("noul", "choice", "score"), 1.0)
 
@@ -31,8 +29,7 @@ def synthetic(temperature: float, n: int = 400, k: int = 4, seed: int = 0) -> De
     z = torch.randn(n, k, generator=gen) * 3
     gold = torch.softmax(z / temperature, -1)
     label = torch.nn.functional.one_hot(torch.multinomial(gold, 1, generator=gen)[:, 0], k).float()  # answers drawn
-    return DecisionLogits(None, [{"workflow": "w", "question": "q", "type": "choice", "rows": list(range(n)),
-                                  "logits": z, "gold": gold, "label": label}])
+    return DecisionLogits(None, [LogitGroup("w", "q", "choice", list(range(n)), z, gold, label)])
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0, 4.0])
@@ -52,7 +49,8 @@ def test_unknown_target_is_refused():
 def test_a_fit_on_the_bound_says_so():
     logits = synthetic(1.0)
     hard = logits.groups[0]
-    hard["label"] = torch.nn.functional.one_hot(hard["logits"].argmax(-1), 4).float()  # always right: T -> 0
+    logits.groups[0] = replace(hard, label=torch.nn.functional.one_hot(hard.logits.argmax(-1), 4).float())  # always
+    # right: T -> 0
     fit = fit_temperature(logits, target="label")
     assert fit.at_bound and fit.temperature == pytest.approx(BOUNDS[0], rel=0.02)
 
@@ -191,12 +189,12 @@ def test_out_of_fold_logits_score_each_train_case_once_with_heads_that_never_saw
     train = splits["train"]
     oof = out_of_fold_logits(model, train)
     assert sorted(oof.cases.ids) == sorted(train.ids) and len(set(oof.cases.ids)) == len(train)
-    assert sum(len(g["rows"]) for g in oof.groups) == 2 * len(train)  # action and risk, once each
+    assert sum(len(g.rows) for g in oof.groups) == 2 * len(train)  # action and risk, once each
     # The model's own heads saw these reports: in sample they look far surer than held out (measured: answer log
     # loss 0.11 in sample, 0.71 out of fold).
     assert oof.nll(ONES) > decision_logits(model, train).nll(ONES) + 0.3
     again = out_of_fold_logits(model, train)  # the same folds every time
-    assert all(torch.equal(a["logits"], b["logits"]) for a, b in zip(oof.groups, again.groups))
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(oof.groups, again.groups))
     model.head_recipe = None  # as for a fine-tuned model: no recipe to fit the heads again by
     with pytest.raises(ValueError, match="head_recipe"):
         out_of_fold_logits(model, train)
@@ -232,9 +230,9 @@ def test_the_rule_refuses_a_temperature_that_lowers_kl_but_raises_ece(qc_pool):
     """Every answer right and sure, the gold sometimes spread (annotators disagree): softening the probabilities
     toward the spread lowers KL, but makes right answers look unsure (ECE rises), so they keep T = 1; the confidence,
     fitted to the answer, sharpens and is kept (calibration's two meanings)."""
-    sure = DecisionLogits(qc_pool.cases, [{**g, "logits": 4 * torch.log(g["gold"].clamp_min(1e-3))}
+    sure = DecisionLogits(qc_pool.cases, [replace(g, logits=4 * torch.log(g.gold.clamp_min(1e-3)))
                                           for g in qc_pool.groups])
-    assert any(0 < g["gold"].max(-1).values.min() < 1 for g in sure.groups)  # some gold is spread
+    assert any(0 < g.gold.max(-1).values.min() < 1 for g in sure.groups)  # some gold is spread
     rule = temperature_rule(sure)
     probabilities, confidence = rule.decisions.loc[("probabilities", "choice")], rule.decisions.loc[("confidence", "choice")]
     assert probabilities["fitted T"] > 1 and probabilities["loss at fitted T"] < probabilities["loss at T = 1"]

@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from decisionkit.model.fitting import fit_heads, refit_heads
 from decisionkit.model.heads import (
@@ -11,7 +12,6 @@ from decisionkit.model.heads import (
     decision_loss,
     expected_distance,
     group_rows,
-    soft_cross_entropy,
     targets,
     weight_norm,
 )
@@ -27,7 +27,7 @@ def test_expected_distance_grows_with_the_miss():
     misses = [expected_distance(sure(level), gold).item() for level in range(4)]
     assert misses == pytest.approx([0, 1 / 3, 2 / 3, 1], abs=1e-4)
     # cross-entropy cannot tell a miss by one level from a miss by three; the distance can
-    assert soft_cross_entropy(sure(1), gold).item() == pytest.approx(soft_cross_entropy(sure(3), gold).item())
+    assert F.cross_entropy(sure(1), gold).item() == pytest.approx(F.cross_entropy(sure(3), gold).item())
 
 
 def test_the_ordinal_term_touches_score_questions_only(splits):
@@ -93,13 +93,6 @@ def test_temperature_divides_the_logits():
     assert calibrated(z, 2.0)[0, 0] < calibrated(z)[0, 0]  # a temperature above 1 flattens
     e = [math.exp(v / 0.5) for v in (2.0, 0.0, -1.0)]
     assert calibrated(z, 0.5)[0].tolist() == pytest.approx([v / sum(e) for v in e])
-
-
-def test_soft_cross_entropy_by_hand():
-    z = torch.tensor([[0.0, math.log(3.0)], [0.0, 0.0]])  # softmax rows: (1/4, 3/4) and (1/2, 1/2)
-    gold = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
-    by_hand = (-(0.5 * math.log(0.25) + 0.5 * math.log(0.75)) - math.log(0.5)) / 2  # mean over the batch
-    assert soft_cross_entropy(z, gold).item() == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_weight_norm_counts_weights_not_biases(splits):

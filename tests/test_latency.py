@@ -108,7 +108,8 @@ def test_extra_heads_share_one_encoding_and_naive_questions_cost_a_pass(quick_mo
 
 
 def test_question_costs_time_each_question_with_its_real_trees(quick_model, splits, monkeypatch):
-    from decisionkit.model.structured import Fields, Trees
+    from decisionkit.model.fields import Fields
+    from decisionkit.model.trees import Trees
 
     _, model = quick_model
     case = splits["validation"][0]

@@ -111,11 +111,11 @@ def test_the_hood_shows_the_code_the_package_runs():
     import inspect
 
     from decisionkit.course.hood import source
-    from decisionkit.model.heads import soft_cross_entropy
+    from decisionkit.model.heads import decision_loss
 
-    shown = source(soft_cross_entropy)
-    assert list(shown.parts) == ["decisionkit.model.heads.soft_cross_entropy"]
-    assert shown.parts["decisionkit.model.heads.soft_cross_entropy"] == inspect.getsource(soft_cross_entropy)
-    assert "```python\ndef soft_cross_entropy" in shown._repr_markdown_() and "/" not in shown._repr_markdown_().split("\n")[0]
+    shown = source(decision_loss)
+    assert list(shown.parts) == ["decisionkit.model.heads.decision_loss"]
+    assert shown.parts["decisionkit.model.heads.decision_loss"] == inspect.getsource(decision_loss)
+    assert "```python\ndef decision_loss" in shown._repr_markdown_() and "/" not in shown._repr_markdown_().split("\n")[0]
     with pytest.raises(ValueError, match="at least one"):
         source()

@@ -7,8 +7,7 @@ import decisionkit
 from decisionkit.data.cases import DataError
 from decisionkit.data.metrics import score, uniform_predictions
 from decisionkit.data.scenarios import load_examples, load_scenario, load_schema
-from decisionkit.training.calibration import split_uses
-from decisionkit.training.trainer import evaluate, preset, train, training_splits
+from decisionkit.training.trainer import evaluate, preset, split_uses, train, training_splits
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},

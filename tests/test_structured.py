@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from sklearn.ensemble import HistGradientBoostingClassifier
 
-from decisionkit.model.structured import TREE_ROUNDS, Fields, StructuredPart, Trees, leaves, mix_weight, tree_settings
+from decisionkit.model.fields import Fields, leaves
+from decisionkit.model.structured import StructuredPart, mix_weight
+from decisionkit.model.trees import TREE_ROUNDS, Trees, tree_settings
 
 STATES = [
     {"invoice": {"total_usd": 100.0 + i, "lines": [{"qty": 2, "sku": "A"}, {"qty": i, "sku": "B"}], "paid": i % 2 == 0,

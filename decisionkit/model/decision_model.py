@@ -6,7 +6,7 @@ standardized features, the logits of every question, the loss when targets are g
 ``...ForSequenceClassification``. Training, calibration, routing and the answers all read it.
 
 A hybrid model (``structured`` set, ``training.fit_structured``) also reads the state's own fields with gradient-
-boosted trees (``structured.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
+boosted trees (``structured.py``, on ``fields.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
 the log of that mixture, so temperatures, routing and answers treat them as the heads'.
 
 What the model answers is ``answers.AnswerMixin`` (temperatures, the distance weight, the System One shape), which
@@ -53,7 +53,7 @@ class DecisionOutput:
     logits: dict[str, dict[str, torch.Tensor]]  # workflow -> question -> (that workflow's inputs, options)
     rows: dict[str, list[int]]  # workflow -> which inputs its logits belong to (``heads.group_rows``)
     loss: torch.Tensor | None = None  # soft-gold cross-entropy per decision, when targets were given
-    surprise: np.ndarray | None = None  # a hybrid's: per input, the share of field checks that fail (structured.py)
+    surprise: np.ndarray | None = None  # a hybrid's: per input, the share of field checks that fail (fields.py)
 
     def per_case(self) -> list[dict[str, torch.Tensor]]:
         """The logits by input: question id -> logits, in input order (``heads.ungroup``)."""

@@ -24,7 +24,8 @@ from ..core import settings
 from ..data.cases import Split
 from .features import standardization
 from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets, ungroup, weight_norm
-from .structured import TREE_ROUNDS, StructuredPart, blend, part_weights
+from .structured import StructuredPart, blend, part_weights
+from .trees import TREE_ROUNDS
 
 STRUCTURED_FOLDS = 5  # folds of train the hybrid's mixing weights are chosen on
 

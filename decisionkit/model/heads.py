@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..data.cases import Question, Split
@@ -72,11 +73,6 @@ def calibrated(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     return torch.softmax(logits / temperature, dim=-1)
 
 
-def soft_cross_entropy(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of -sum_k gold_k log softmax(logits)_k: cross-entropy against soft gold."""
-    return -(gold * torch.log_softmax(logits, dim=-1)).sum(dim=-1).mean()
-
-
 def expected_distance(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
     """Mean over the batch of E|i - j| / (K - 1), with level i drawn from softmax(logits) and j from the gold: how
     far apart, on the scale, the answer and the gold are. Cross-entropy alone treats a miss by one level like a miss
@@ -118,7 +114,7 @@ def decision_loss(schema: dict[str, dict[str, Question]], logits: dict[str, dict
     for workflow, per_question in logits.items():
         for qid, z in per_question.items():
             gold = target.gold[workflow][qid]
-            loss = soft_cross_entropy(z, gold)
+            loss = F.cross_entropy(z, gold.to(z.dtype))  # probability targets: -sum_k gold_k log softmax(z)_k
             if ordinal and schema[workflow][qid].type == "score":
                 loss = loss + ordinal * expected_distance(z, gold)
             total = total + loss * len(gold)

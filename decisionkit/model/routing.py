@@ -10,7 +10,7 @@ threshold past which a human answers.
   also reads the fields: past the field surprise of the farthest ``TAIL_SHARE`` of its workflow's held-out real
   inputs (``field_reference``), w is multiplied by exp(-(surprise - field_reference) / field_scale). A blanked
   state, a contradictory one or another workflow's state reads like a real one to the pooled features, not to
-  the fields (``structured.Fields.surprise``).
+  the fields (``fields.Fields.surprise``).
 - ``Router.scores``: every anomaly score of the inputs of a model's output (``output_scores``, with the model's
   temperatures and answers, ``answers.AnswerMixin``; the distance and the weight as columns ``mahalanobis`` and
   ``in-domain``); ``Router.verdict``: "answer" or "human" from one of them against the threshold.

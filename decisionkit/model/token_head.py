@@ -36,7 +36,7 @@ from ..data.cases import Question, Split
 from .features import DEFAULT_MAX_LENGTH, TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
 from .heads import decision_loss, group_rows, head_key, targets, ungroup
-from .structured import TREE_ROUNDS
+from .trees import TREE_ROUNDS
 
 
 @dataclass(frozen=True)

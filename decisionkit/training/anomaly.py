@@ -22,7 +22,7 @@ of those farthest inputs (an exponential tail fitted to them). The model then an
 training prior, with confidence w * the heads' confidence (``answer_parts``, ``answers.py``). Real inputs keep their
 answers (w = 1 for all but about ``TAIL_SHARE`` of them); a poem, far beyond every training case, answers the prior
 with confidence ~0. A hybrid's weight falls the same way past its workflow's tail of held-out field surprise
-(``field surprise``, ``structured.Fields.surprise``): that is what sends near-domain states (blanked,
+(``field surprise``, ``fields.Fields.surprise``): that is what sends near-domain states (blanked,
 contradictory, another workflow's) to a human, which the pooled features place among the real ones.
 
 ``fit_router(model, train, validation)`` fits the feature density on the training split, the tail and the threshold

@@ -34,155 +34,30 @@ they come out near 1 (or below) and leave it over-confident on new inputs.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import torch
-from scipy.optimize import minimize_scalar
 
 from ..data.cases import QUESTION_TYPES, Split
 from ..data.metrics import Scores, expected_calibration_error, paired_difference, reliability_bins, score
-from ..model.fitting import cross_fit
-from ..model.heads import calibrated, soft_cross_entropy, targets
+from .temperature import (
+    BOUNDS,
+    CALIBRATION_FOLDS,
+    TARGETS,
+    DecisionLogits,
+    TemperatureFit,
+    TemperatureRule,
+    decision_logits,
+    fit_temperature,
+    fit_temperatures,
+    out_of_fold_logits,
+    temperature_rule,
+)
 
-BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not its confidence, needs fixing
-TARGETS = ("label", "distribution")  # fit against the gold answer (for ECE) or the soft gold (for KL)
 CALIBRATIONS = ("both", *TARGETS)  # both: probabilities to the distribution, the confidence field to the answer
 ECE_BIN_CHOICES = (10, 15)  # ECE moves with the binning: report both
-CALIBRATION_FOLDS = 5  # small data: folds of train cross-fitted, and folds of the pool the rule is decided on
 STAGES = ("before", "as fitted", "after")  # T = 1, the temperatures as fitted, and after the rule (small data)
-
-
-@dataclass
-class DecisionLogits:
-    """Head logits and gold of every decision of a split, one group per (workflow, question)."""
-
-    cases: Split
-    groups: list[dict] = field(default_factory=list)  # workflow, question, type, rows, logits, gold, label
-
-    def nll(self, temperatures: dict[str, float], types=QUESTION_TYPES, target: str = "label") -> float:
-        """Mean cross-entropy of the decisions whose type is in ``types`` against the gold answer (``label``)
-        or the soft gold (``distribution``), at these temperatures."""
-        key = {"label": "label", "distribution": "gold"}[target]
-        total, count = 0.0, 0
-        for g in self.groups:
-            if g["type"] in types:
-                total += soft_cross_entropy(g["logits"] / temperatures[g["type"]], g[key]).item() * len(g["rows"])
-                count += len(g["rows"])
-        return total / max(count, 1)
-
-    def predictions(self, temperatures: dict[str, float]) -> list[dict[str, np.ndarray]]:
-        """Per case and question, the calibrated probabilities in option order (what ``metrics.score`` takes)."""
-        out: list[dict[str, np.ndarray]] = [{} for _ in self.cases]
-        for g in self.groups:
-            probs = calibrated(g["logits"], temperatures[g["type"]]).numpy().astype(np.float64)
-            for j, i in enumerate(g["rows"]):
-                out[i][g["question"]] = probs[j]
-        return out
-
-    def confidences(self, temperatures: dict[str, float]) -> list[dict[str, float]]:
-        """Per case, the ``confidence`` field of its choice and score answers at these temperatures."""
-        out: list[dict[str, float]] = [{} for _ in self.cases]
-        for g in self.groups:
-            if g["type"] != "noul":
-                top = calibrated(g["logits"], temperatures[g["type"]]).max(dim=-1).values.tolist()
-                for j, i in enumerate(g["rows"]):
-                    out[i][g["question"]] = top[j]
-        return out
-
-    def subset(self, positions) -> DecisionLogits:
-        """The decisions of the cases at ``positions`` (in that order)."""
-        new = {int(i): j for j, i in enumerate(positions)}
-        out = DecisionLogits(Split(self.cases.name, [self.cases[i] for i in new], self.cases.source))
-        for g in self.groups:
-            kept = [j for j, i in enumerate(g["rows"]) if i in new]
-            if kept:
-                out.groups.append({**g, "rows": [new[g["rows"][j]] for j in kept],
-                                   **{key: g[key][kept] for key in ("logits", "gold", "label")}})
-        return out
-
-    def tempered(self, temperatures: dict[str, float]) -> DecisionLogits:
-        """The same decisions with each group's logits divided by its type's temperature (then read at T = 1)."""
-        return DecisionLogits(self.cases, [{**g, "logits": g["logits"] / temperatures[g["type"]]} for g in self.groups])
-
-    @staticmethod
-    def joined(parts: list[DecisionLogits], name: str) -> DecisionLogits:
-        """The cases of ``parts`` one after the other, with their decisions."""
-        cases: list = []
-        groups: list[dict] = []
-        for part in parts:
-            groups += [{**g, "rows": [len(cases) + i for i in g["rows"]]} for g in part.groups]
-            cases += part.cases.cases
-        return DecisionLogits(Split(name, cases, parts[0].cases.source), groups)
-
-
-@torch.no_grad()
-def decision_logits(model, cases: Split) -> DecisionLogits:
-    """Run ``model`` on ``cases`` once and keep the raw head outputs beside the gold."""
-    return _from_output(model, cases, model.split_output(cases))
-
-
-def out_of_fold_logits(model, train: Split, folds: int = CALIBRATION_FOLDS) -> DecisionLogits:
-    """Every case of ``train`` (the cases ``model``'s heads were fitted on) scored by heads, and a hybrid's trees,
-    fitted without it on the other ``folds`` folds by ``model.head_recipe`` (``fitting.cross_fit``): predictions as
-    held out as validation's, and many more of them. Cases come fold by fold."""
-    if not model.backbone.frozen or model.head_recipe is None:
-        raise ValueError("out-of-fold logits need heads fitted on a frozen backbone by a known recipe "
-                         "(model.head_recipe); a fine-tuned model has none: calibrate it on validation")
-    features = model.split_features(train)
-    parts = []
-    for fold in cross_fit(model, train, features, folds, structured=model.structured is not None):
-        held = Split(train.name, [train[i] for i in fold.held], train.source)
-        with torch.no_grad():
-            output = model.read(features[fold.held], held.case_workflows, heads=fold.heads, states=held.states,
-                                structured=fold.structured)
-        parts.append(_from_output(model, held, output))
-    return DecisionLogits.joined(parts, f"{train.name} (out of fold)")
-
-
-def _from_output(model, cases: Split, output) -> DecisionLogits:
-    target = targets(cases)
-    result = DecisionLogits(cases)
-    for workflow, per_question in output.logits.items():
-        for qid, z in per_question.items():
-            gold = target.gold[workflow][qid]
-            result.groups.append({"workflow": workflow, "question": qid, "type": model.schema[workflow][qid].type,
-                                  "rows": output.rows[workflow], "logits": z.cpu(), "gold": gold,
-                                  "label": gold_answer(gold)})
-    return result
-
-
-def gold_answer(gold: torch.Tensor) -> torch.Tensor:
-    """One-hot rows of the gold's top option, ties to the first-listed (the benchmark's accuracy rule)."""
-    top = torch.as_tensor(np.argmax(gold.numpy(), axis=-1))
-    return torch.nn.functional.one_hot(top, gold.shape[-1]).float()
-
-
-@dataclass(frozen=True)
-class TemperatureFit:
-    scope: str  # "global" or a question type
-    target: str  # "label" or "distribution"
-    temperature: float
-    at_bound: bool  # the optimum lies on (or beyond) the edge of BOUNDS
-    nll_before: float
-    nll_after: float
-
-
-def fit_temperature(logits: DecisionLogits, types=QUESTION_TYPES, scope: str = "global",
-                    bounds: tuple[float, float] = BOUNDS, target: str = "label") -> TemperatureFit:
-    """The temperature minimising the NLL of the decisions of ``types`` against ``target`` (searched in log T)."""
-    if target not in TARGETS:
-        raise ValueError(f"target is {target!r}; expected one of {', '.join(TARGETS)}")
-
-    def nll(log_t: float) -> float:
-        return logits.nll(dict.fromkeys(QUESTION_TYPES, math.exp(log_t)), types, target)
-
-    lo, hi = math.log(bounds[0]), math.log(bounds[1])
-    best = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
-    at_bound = min(best.x - lo, hi - best.x) < 1e-2
-    return TemperatureFit(scope, target, math.exp(best.x), bool(at_bound), nll(0.0), float(best.fun))
 
 
 @dataclass
@@ -278,16 +153,6 @@ def fitted_where(model, fit_on: dict[str, Split], test: Split) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def _fit(logits: DecisionLogits, per_type: bool, target: str, bounds) -> tuple[list[TemperatureFit], dict]:
-    fits = [fit_temperature(logits, scope="global", bounds=bounds, target=target)]
-    temperatures = dict.fromkeys(QUESTION_TYPES, fits[0].temperature)
-    if per_type:
-        for t in sorted({g["type"] for g in logits.groups}):
-            fits.append(fit_temperature(logits, (t,), scope=t, bounds=bounds, target=target))
-            temperatures[t] = fits[-1].temperature
-    return fits, temperatures
-
-
 def calibrate(model, validation: Split, *others: Split, per_type: bool = True, target: str = "both",
               bounds: tuple[float, float] = BOUNDS) -> CalibrationReport:
     """Fit temperatures on ``validation`` and set them on ``model``; score ``validation`` and ``others`` (the test
@@ -297,10 +162,10 @@ def calibrate(model, validation: Split, *others: Split, per_type: bool = True, t
         raise ValueError(f"target is {target!r}; expected one of {', '.join(CALIBRATIONS)}")
     logits = {s.name: decision_logits(model, s) for s in (validation, *others)}
     fit_on = logits[validation.name]
-    fits, temperatures = _fit(fit_on, per_type, "distribution" if target == "both" else target, bounds)
+    fits, temperatures = fit_temperatures(fit_on, per_type, "distribution" if target == "both" else target, bounds)
     confidence = None
     if target == "both":
-        label_fits, confidence = _fit(fit_on, per_type, "label", bounds)
+        label_fits, confidence = fit_temperatures(fit_on, per_type, "label", bounds)
         fits += label_fits
     ones = dict.fromkeys(QUESTION_TYPES, 1.0)
     scores = {}
@@ -311,73 +176,6 @@ def calibrate(model, validation: Split, *others: Split, per_type: bool = True, t
     model.temperatures.update(temperatures)
     model.confidence_temperatures = confidence
     return CalibrationReport(fits, temperatures, confidence, scores)
-
-
-@dataclass
-class TemperatureRule:
-    """What ``temperature_rule`` decided on a pool of held-out predictions: the temperatures fitted on all of it,
-    those kept, and the cross-validated evidence for each."""
-
-    name: str  # what the pool's held-out predictions are called in a table
-    fits: list[TemperatureFit]  # on the whole pool, to the soft gold and to the answer
-    fitted: dict[str, float]  # the probabilities' temperatures as fitted, per question type
-    fitted_confidence: dict[str, float]  # the confidence field's, as fitted
-    temperatures: dict[str, float]  # the probabilities' after the rule (1.0 where a fitted one did not help)
-    confidence_temperatures: dict[str, float]  # the confidence field's after the rule
-    decisions: pd.DataFrame  # (temperature of, question type) -> fitted T, held-out loss and ECE each way, kept, why
-    scores: dict[str, Scores]  # the pool's held-out predictions: "before" (T = 1) and "as fitted" (each fold's T)
-
-
-def temperature_rule(pool: DecisionLogits, folds: int = CALIBRATION_FOLDS,
-                     bounds: tuple[float, float] = BOUNDS) -> TemperatureRule:
-    """Fit the temperatures per question type on ``pool`` (probabilities to the soft gold, confidence to the answer,
-    as ``calibrate`` does), and keep each only if it helps held-out predictions: split the cases into ``folds``
-    folds, fit on the other folds, read each fold at its fitted temperatures and at T = 1, and pool the folds. A
-    probabilities' temperature is kept when its held-out KL is lower than at T = 1 and the held-out ECE of the top
-    probability is not higher; a confidence temperature when the held-out log loss of the gold answer is lower and
-    the held-out ECE of the confidence field is not higher. Otherwise T = 1. (A yes/no answer carries no separate
-    confidence: its confidence temperature is 1.)"""
-    fold = np.random.default_rng(0).permutation(len(pool.cases)) % folds
-    held, tempered = [], {target: [] for target in TARGETS}
-    for k in range(folds):
-        inside, out = pool.subset(np.flatnonzero(fold != k)), pool.subset(np.flatnonzero(fold == k))
-        held.append(out)
-        for target in TARGETS:
-            tempered[target].append(out.tempered(_fit(inside, True, target, bounds)[1]))
-    name = f"held out ({folds}-fold)"
-    raw = DecisionLogits.joined(held, name)
-    tempered = {target: DecisionLogits.joined(parts, name) for target, parts in tempered.items()}
-    ones = dict.fromkeys(QUESTION_TYPES, 1.0)
-    scores = {"before": score(raw.cases, raw.predictions(ones)),
-              "as fitted": score(raw.cases, tempered["distribution"].predictions(ones),
-                                 tempered["label"].confidences(ones))}
-    fits, fitted = _fit(pool, True, "distribution", bounds)
-    label_fits, fitted_confidence = _fit(pool, True, "label", bounds)
-    kept = {"distribution": dict(ones), "label": dict(ones)}
-    rows = {}
-    for t in sorted({g["type"] for g in pool.groups}):
-        b, f = (scores[stage].decisions[scores[stage].decisions["type"] == t] for stage in ("before", "as fitted"))
-        checks = [("probabilities", "distribution", fitted, "KL", b["kl"].mean(), f["kl"].mean(),
-                   expected_calibration_error(b["confidence"], b["correct"]),
-                   expected_calibration_error(f["confidence"], f["correct"]))]
-        if t != "noul":
-            checks.append(("confidence", "label", fitted_confidence, "log loss of the answer",
-                           raw.nll(ones, (t,), "label"), tempered["label"].nll(ones, (t,), "label"),
-                           expected_calibration_error(b["answer_confidence"], b["correct"]),
-                           expected_calibration_error(f["answer_confidence"], f["correct"])))
-        for of, target, temperatures, loss, loss_one, loss_fitted, ece_one, ece_fitted in checks:
-            keep = bool(loss_fitted < loss_one and ece_fitted <= ece_one)
-            if keep:
-                kept[target][t] = temperatures[t]
-            why = (f"lowers {loss}, ECE not higher" if keep else
-                   f"{loss} not lower" if loss_fitted >= loss_one else "raises ECE")
-            rows[(of, t)] = {"fitted T": temperatures[t], "held-out loss": loss, "loss at T = 1": loss_one,
-                             "loss at fitted T": loss_fitted, "ECE at T = 1": ece_one, "ECE at fitted T": ece_fitted,
-                             "kept": keep, "T after the rule": kept[target][t], "why": why}
-    decisions = pd.DataFrame.from_dict(rows, orient="index")
-    decisions.index.names = ["temperature of", "type"]
-    return TemperatureRule(name, fits + label_fits, fitted, fitted_confidence, kept["distribution"], kept["label"],
-                           decisions, scores)
 
 
 @dataclass
@@ -433,27 +231,3 @@ def calibrate_out_of_fold(model, train: Split, validation: Split, *others: Split
     return HeldOutCalibration(rule.fits, rule.temperatures, rule.confidence_temperatures, scores, rule,
                               {f"{train.name} (out of fold)": len(train), validation.name: len(validation),
                                "folds": folds})
-
-
-def split_uses(p) -> pd.DataFrame:
-    """What each split of preset ``p``'s data (a preset or its name) is used for when its heads are trained and
-    calibrated on small data (``calibrate_out_of_fold``), and its cases. With a dev slice (``dev_per_workflow``), it
-    picks L2 and steps and the validation split is left to calibration; without one, validation does both."""
-    from .presets import preset
-    from .trainer import held_out_test, training_pool, training_splits
-
-    p = preset(p) if isinstance(p, str) else p
-    _, dev, validation = training_splits(p)
-    train, test = training_pool(p), held_out_test(p)
-    if dev is validation:
-        rows = {"train": (len(train), "fits the heads; scored out of fold for the temperatures"),
-                "validation": (len(validation), "picks L2 and steps, and fits the temperatures")}
-    else:
-        rows = {"train": (len(train), "fits the heads (without its dev slice while L2 and steps are picked); "
-                                      "scored out of fold for the temperatures"),
-                "dev (a slice of train)": (len(dev), "picks L2 and steps"),
-                "validation": (len(validation), "fits the temperatures, with train out of fold; nothing else")}
-    rows["test"] = (len(test), "scored only")
-    table = pd.DataFrame.from_dict(rows, orient="index", columns=["cases", "used for"])
-    table.index.name = "split"
-    return table

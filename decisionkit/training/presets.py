@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from ..data.cases import DEV_PER_WORKFLOW
 from ..model.backbone import ENCODER_BACKBONE, LoraSettings
 from ..model.features import FeatureSpec
-from ..model.structured import TREE_ROUNDS
+from ..model.trees import TREE_ROUNDS
 
 MODES = ("heads", "full", "lora", "qlora")
 

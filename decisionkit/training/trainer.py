@@ -37,7 +37,8 @@ from ..model.decision_model import DecisionModel, DecisionOutput, load
 from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from ..model.heads import group_rows
 from ..model.saving import HISTORY_FILE
-from ..model.structured import TREE_ROUNDS, StructuredPart, mix_weights, mixed
+from ..model.structured import StructuredPart, mix_weights, mixed
+from ..model.trees import TREE_ROUNDS
 from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepare
 from .presets import Preset, preset
 
@@ -164,6 +165,27 @@ def training_splits(p: Preset, data_dir=None) -> tuple[Split, Split, Split]:
     else:
         train, dev = pool, validation
     return train, dev, validation
+
+
+def split_uses(p) -> pd.DataFrame:
+    """What each split of preset ``p``'s data (a preset or its name) is used for when its heads are trained and
+    calibrated on small data (``calibrate_out_of_fold``), and its cases. With a dev slice (``dev_per_workflow``), it
+    picks L2 and steps and the validation split is left to calibration; without one, validation does both."""
+    p = preset(p) if isinstance(p, str) else p
+    _, dev, validation = training_splits(p)
+    train, test = training_pool(p), held_out_test(p)
+    if dev is validation:
+        rows = {"train": (len(train), "fits the heads; scored out of fold for the temperatures"),
+                "validation": (len(validation), "picks L2 and steps, and fits the temperatures")}
+    else:
+        rows = {"train": (len(train), "fits the heads (without its dev slice while L2 and steps are picked); "
+                                      "scored out of fold for the temperatures"),
+                "dev (a slice of train)": (len(dev), "picks L2 and steps"),
+                "validation": (len(validation), "fits the temperatures, with train out of fold; nothing else")}
+    rows["test"] = (len(test), "scored only")
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=["cases", "used for"])
+    table.index.name = "split"
+    return table
 
 
 def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, progress: bool = True) -> TrainResult:
