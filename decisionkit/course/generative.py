@@ -265,7 +265,7 @@ def generative_baseline(backbone, cases: Split, budgets=(64, 256), constrained_b
         runs.append(("constrained", constrained_budget))
     rows = []
     bar = tqdm(total=len(cases) * len(runs), desc="generate JSON", disable=not progress or settings.progress_hidden())
-    golds = [{qid: q.options[int(np.argmax(case.gold[qid].probabilities))] for qid, q in case.questions.items()}
+    golds = [{qid: q.options[case.gold[qid].top] for qid, q in case.questions.items()}
              for case in cases]
     for method, budget in runs:
         for case in list(cases)[:WARMUP]:
@@ -309,7 +309,7 @@ def gold_reply(case: Case) -> str:
     ``answer_schema`` types it (a boolean, an integer level, an option), in the separators it asks for."""
     values: dict = {}
     for qid, q in case.questions.items():
-        option = q.options[int(np.argmax(case.gold[qid].probabilities))]
+        option = q.options[case.gold[qid].top]
         values[qid] = option == "true" if q.type == "noul" else int(option) if q.type == "score" else option
     return json.dumps(values, separators=(", ", ": "))
 
@@ -455,7 +455,7 @@ def ab_test(model, cases: Split, budgets=(64, 256), constrained_budget: int | No
     with ComputeDtype(backbone) as scored_in:
         scoring, scored = option_scoring(backbone, cases, model.spec.max_length)
     generated = generative_baseline(backbone, cases, budgets, constrained_budget, progress)
-    gold = [{qid: int(np.argmax(c.gold[qid].probabilities)) for qid in c.questions} for c in cases]
+    gold = [{qid: c.gold[qid].top for qid in c.questions} for c in cases]
 
     def rows(method: str, timing: Timing, predictions, dtype: str) -> list[dict]:
         return [{"method": method, "case": c.id, "workflow": c.workflow, "latency_ms": ms, "first_token_ms": np.nan,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import platform
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from scipy.stats import bootstrap
 from torch import nn
 
 from ..core.environment import environment, synchronize
@@ -58,14 +60,18 @@ def median_ratio(numerator_ms, denominator_ms, resamples: int = 2000, level: flo
                  seed: int = 0) -> tuple[float, float, float]:
     """How many times slower ``numerator_ms`` is than ``denominator_ms`` at the median, timed on the same inputs
     (sample i of both is input i), and the percentile bootstrap interval at ``level``: inputs are resampled, the
-    same ones for both, so an input slow for both moves both medians."""
+    same ones for both, so an input slow for both moves both medians (``scipy.stats.bootstrap``; no interval, NaN,
+    from one input)."""
     a, b = np.asarray(numerator_ms, dtype=float), np.asarray(denominator_ms, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"timings must pair input by input: {a.shape} against {b.shape}")
-    picks = np.random.default_rng(seed).integers(0, len(a), (resamples, len(a)))
-    draws = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
-    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.median(a) / np.median(b)), float(low), float(high)
+    ratio = float(np.median(a) / np.median(b))
+    if len(a) < 2:  # one input: nothing to resample
+        return ratio, math.nan, math.nan
+    drawn = bootstrap((a, b), lambda x, y, axis: np.median(x, axis=axis) / np.median(y, axis=axis), paired=True,
+                      n_resamples=resamples, confidence_level=level, method="percentile", rng=seed)
+    low, high = drawn.confidence_interval
+    return ratio, float(low), float(high)
 
 
 def tail_percentile(timings: int) -> int:

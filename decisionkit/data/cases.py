@@ -127,6 +127,11 @@ class Gold:
     probabilities: np.ndarray
     label: str
 
+    @property
+    def top(self) -> int:
+        """The index of the gold's most likely option, ties to the first-listed (the benchmark's accuracy rule)."""
+        return int(np.argmax(self.probabilities))
+
     @classmethod
     def from_json(cls, question: Question, obj: Any, where: str = "gold") -> "Gold":
         name = f"gold.{question.id}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.stats import bootstrap
 
 from .cases import Split
 
@@ -40,12 +41,15 @@ def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = EC
 
 
 def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Weighted mean |accuracy - confidence| over equal-width confidence bins."""
-    table = reliability_bins(confidence, correct, bins)
-    if table.empty:
+    """Weighted mean |accuracy - confidence| over the equal-width bins of ``reliability_bins``; as the weights are
+    the bins' shares of the decisions, it is the sum over bins of |correct - confidence| summed in the bin, over all
+    decisions (0 for none). The one ECE of the package: every table and bootstrap calls it."""
+    confidence, correct = np.asarray(confidence, dtype=float), np.asarray(correct, dtype=float)
+    if confidence.size == 0:
         return 0.0
-    weights = table["decisions"] / table["decisions"].sum()
-    return float((weights * (table["accuracy"] - table["confidence"]).abs()).sum())
+    index = np.minimum((confidence * bins).astype(int), bins - 1)
+    gap = np.bincount(index, correct - confidence, minlength=bins)
+    return float(np.abs(gap).sum() / confidence.size)
 
 
 @dataclass
@@ -107,7 +111,7 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: l
                 float(p[top]) if confidences is None else float(confidences[index][qid]))
             rows.append({
                 "case": case.id, "workflow": case.workflow, "question": qid, "type": question.type,
-                "correct": top == int(np.argmax(gold)),
+                "correct": top == case.gold[qid].top,
                 "correct_label": question.options[top] == case.gold[qid].label,
                 "kl": float(np.sum(gold[seen] * np.log(gold[seen] / np.maximum(p[seen], KL_FLOOR)))),
                 "brier": float(np.sum((p - gold) ** 2)),
@@ -117,14 +121,6 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: l
     return Scores(pd.DataFrame(rows), ece_bins)
 
 
-def _ece_sums(confidence: np.ndarray, correct: np.ndarray, picked: np.ndarray, bins: int) -> float:
-    """``expected_calibration_error`` of the decisions at ``picked`` (repeats count): with equal-width bins it is
-    sum over bins of |correct - confidence| summed in the bin, over the decisions."""
-    index = np.minimum((confidence[picked] * bins).astype(int), bins - 1)
-    gap = np.bincount(index, correct[picked] - confidence[picked], minlength=bins)
-    return float(np.abs(gap).sum() / len(picked))
-
-
 PAIRED_METRICS = ("accuracy", "kl", "brier", "ece")  # what paired_difference compares
 
 
@@ -132,7 +128,8 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
                       level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``after`` minus ``before`` on the same decisions: the difference in ``metric`` (one of ``PAIRED_METRICS``;
     ``ece`` over ``before``'s bins) and its percentile bootstrap interval at ``level``. Cases are resampled, the
-    same cases for both, not decisions: a case's questions share one state, so they are not independent draws."""
+    same cases for both, not decisions: a case's questions share one state, so they are not independent draws
+    (``scipy.stats.bootstrap`` over case indices; no interval, NaN, from one case)."""
     if metric not in PAIRED_METRICS:
         raise ValueError(f"metric is {metric!r}; expected one of {', '.join(PAIRED_METRICS)}")
     key = ["case", "question"]
@@ -140,10 +137,12 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
     if not a.index.equals(b.index):
         raise ValueError("the two Scores hold different decisions: score both on the same cases")
     if metric == "ece":
-        arrays = [(d["confidence"].to_numpy(float), d["correct"].to_numpy(float)) for d in (a, b)]
+        (conf_a, right_a), (conf_b, right_b) = ((d["confidence"].to_numpy(float), d["correct"].to_numpy(float))
+                                                for d in (a, b))
 
         def difference(picked):
-            return (_ece_sums(*arrays[1], picked, before.ece_bins) - _ece_sums(*arrays[0], picked, before.ece_bins))
+            return (expected_calibration_error(conf_b[picked], right_b[picked], before.ece_bins)
+                    - expected_calibration_error(conf_a[picked], right_a[picked], before.ece_bins))
     else:
         column = "correct" if metric == "accuracy" else metric
         delta = b[column].to_numpy(float) - a[column].to_numpy(float)
@@ -151,11 +150,12 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
         def difference(picked):
             return float(delta[picked].mean())
     codes, _ = pd.factorize(a.index.get_level_values("case"))
-    rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
-    rng = np.random.default_rng(seed)
-    draws = [difference(np.concatenate([rows[k] for k in rng.integers(0, len(rows), len(rows))]))
-             for _ in range(resamples)]
-    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]  # each case's decisions
+    if len(rows) < 2:  # one case: nothing to resample
+        return difference(np.arange(len(a))), float("nan"), float("nan")
+    drawn = bootstrap((np.arange(len(rows)),), lambda cases: difference(np.concatenate([rows[k] for k in cases])),
+                      vectorized=False, n_resamples=resamples, confidence_level=level, method="percentile", rng=seed)
+    low, high = drawn.confidence_interval
     return difference(np.arange(len(a))), float(low), float(high)
 
 

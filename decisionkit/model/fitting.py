@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from sklearn.model_selection import KFold
 from tqdm.auto import tqdm
 
 from ..core import settings
@@ -118,8 +119,12 @@ def heads_answers(pooled: dict[str, np.ndarray], recipe: HeadRecipe):
 
 
 def fold_assignment(cases: int, folds: int) -> np.ndarray:
-    """Each of ``cases`` cases' fold, the same for every call: a seeded permutation, dealt round robin."""
-    return np.random.default_rng(0).permutation(cases) % folds
+    """Each of ``cases`` cases' fold, the same for every call (scikit-learn's ``KFold``, shuffled with a fixed
+    seed)."""
+    fold = np.empty(cases, dtype=int)
+    for k, (_, held) in enumerate(KFold(folds, shuffle=True, random_state=0).split(np.arange(cases))):
+        fold[held] = k
+    return fold
 
 
 @dataclass

@@ -23,7 +23,7 @@ from scipy.optimize import minimize_scalar
 
 from ..data.cases import QUESTION_TYPES, Split
 from ..data.metrics import Scores, expected_calibration_error, score
-from ..model.fitting import cross_fit
+from ..model.fitting import cross_fit, fold_assignment
 from ..model.heads import calibrated, targets
 
 BOUNDS = (0.05, 20.0)  # a temperature outside this range means the model, not its confidence, needs fixing
@@ -239,7 +239,7 @@ def temperature_rule(pool: DecisionLogits, folds: int = CALIBRATION_FOLDS,
     probability is not higher; a confidence temperature when the held-out log loss of the gold answer is lower and
     the held-out ECE of the confidence field is not higher. Otherwise T = 1. (A yes/no answer carries no separate
     confidence: its confidence temperature is 1.)"""
-    fold = np.random.default_rng(0).permutation(len(pool.cases)) % folds
+    fold = fold_assignment(len(pool.cases), folds)
     held, tempered = [], {target: [] for target in TARGETS}
     for k in range(folds):
         inside, out = pool.subset(np.flatnonzero(fold != k)), pool.subset(np.flatnonzero(fold == k))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import platform
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from transformers import set_seed
 
 from ..core.atomic import write_text
 from ..core.environment import peak_rss_gb, synchronize
@@ -43,12 +43,6 @@ from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepar
 from .presets import Preset, preset
 
 PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def peak_memory_gb(device: str) -> float:
@@ -196,7 +190,7 @@ def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, 
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
     # seeded after the load: a process's first load probes the compute dtype on random matrices, and the dropout
     # masks of stage 2 must not depend on whether this run came first
-    seed_everything(p.seed)
+    set_seed(p.seed)
     train_split, dev, validation = training_splits(p, data_dir)
     model = DecisionModel(backbone, train_split.schema(), p.features)
 
@@ -286,7 +280,7 @@ def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -
     if p.mode == "heads":
         raise ValueError(f"preset {p.name!r} has mode 'heads': it has no fine-tuning step to time")
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
-    seed_everything(p.seed)
+    set_seed(p.seed)
     train_split, _, _ = training_splits(p, data_dir)
     model = DecisionModel(backbone, train_split.schema(), p.features)
     accelerator, optimizer = prepare(model, p)
