@@ -38,6 +38,7 @@ from decisionkit.course.latency import (
 )
 from decisionkit.model.backbone import ENCODER_BACKBONE
 from decisionkit.training.report import git_commit
+from decisionkit.training.trainer import fit_model
 
 
 def frame_json(frame) -> dict:
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     naive = naive_scaling(model.backbone, cases[0], max_length=model.spec.max_length)
     encoder = None
     if not args.no_encoder:
-        dk.train(dk.preset("cpu-heads", backbone=ENCODER_BACKBONE), out / "encoder-heads", args.data, progress=False)
+        fit_model(dk.preset("cpu-heads", backbone=ENCODER_BACKBONE), out / "encoder-heads", args.data, progress=False)
         encoder = dk.load(out / "encoder-heads")
     encoder_heads = head_scaling(encoder, cases[0].text) if encoder is not None else None
     speed = speed_table(model, test.head(args.speed_cases), train, args.variants, encoder_model=encoder)

@@ -7,7 +7,7 @@ import decisionkit
 from decisionkit.data.cases import DataError
 from decisionkit.data.metrics import score, uniform_predictions
 from decisionkit.data.scenarios import load_examples, load_scenario, load_schema
-from decisionkit.training.trainer import evaluate, preset, split_uses, train, training_splits
+from decisionkit.training.trainer import evaluate, fit_model, preset, split_uses, training_splits
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},
@@ -88,7 +88,7 @@ def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
     # the presets' own dev slices.
     p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, dev_per_workflow=0,
                validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=96))
-    result = train(p, tmp_path / "tickets", progress=False)
+    result = fit_model(p, tmp_path / "tickets", progress=False)
     assert result.extra["train cases"] == 40
     assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
     model = decisionkit.load(tmp_path / "tickets")

@@ -16,7 +16,7 @@ from decisionkit.model.saving import ADAPTER_DIR, BACKBONE_DIR, CHECKPOINT_DIR, 
 from decisionkit.training import finetune
 from decisionkit.training import trainer as train_module
 from decisionkit.training.finetune import TRAINER_STATE
-from decisionkit.training.trainer import preset, train
+from decisionkit.training.trainer import fit_model, preset
 
 # 16 cases: at the full recipe's rate (0.003) they are overfitted by step 10 and the fit keeps step 0 (uniform
 # heads); a smaller rate than even cpu-quick's, with its strong L2, learns: measured, step 20 at L2 10, dev loss
@@ -38,7 +38,7 @@ def test_split_is_never_loaded_while_training(monkeypatch):
 
 
 def test_heads_mode_learns_and_saves(tmp_path, splits):
-    result = train(TINY_HEADS, tmp_path / "run", progress=False)
+    result = fit_model(TINY_HEADS, tmp_path / "run", progress=False)
     # The uniform answer's loss on the dev slice the steps are picked on: ln(options) averaged over its decisions.
     # Step 0 of every L2 is the zero-initialised (uniform) heads, so picking step 0 would score exactly this.
     _, dev, _ = train_module.training_splits(TINY_HEADS)
@@ -124,13 +124,13 @@ def _resumes_as_if_never_stopped(p, tmp_path, monkeypatch, stop: int):
     """Train ``p`` whole; train it again, kill it after the checkpoint of step ``stop`` and resume it: the resumed
     run's history (every loss, step and rate) and saved weights are the whole run's. Returns the run's folder and a
     copy of the checkpoint it was resumed from."""
-    whole = train(p, tmp_path / "whole", progress=False)
+    whole = fit_model(p, tmp_path / "whole", progress=False)
     out = tmp_path / "run"
     with _dies_after(monkeypatch, stop):
-        train(p, out, progress=False)
+        fit_model(p, out, progress=False)
     stopped = shutil.copytree(out / CHECKPOINT_DIR, tmp_path / "stopped")
     assert json.loads((stopped / TRAINER_STATE).read_text())["step"] == stop
-    resumed = train(p, out, progress=False)
+    resumed = fit_model(p, out, progress=False)
     steps = resumed.history[resumed.history["stage"] == p.mode].dropna(subset=["train_loss"])["step"].tolist()
     assert stop < len(steps) and steps == list(range(1, len(steps) + 1))  # continued past the stop, once each step
     pd.testing.assert_frame_equal(resumed.history, whole.history)
@@ -184,7 +184,7 @@ def test_qlora_mode_trains_adapters_on_a_4bit_backbone_and_reloads(tmp_path, mon
     out = tmp_path / "qlora"
     with _dies_after(monkeypatch, 2) as m:  # the last step: its checkpoint stays
         m.setattr(DecisionModel, "save", save)
-        train(p, out, progress=False)
+        fit_model(p, out, progress=False)
     last = out / CHECKPOINT_DIR  # a saved model: the one the last step left, whichever step scored best
     assert _adapters_trained(last)
     model = decisionkit.load(last)

@@ -18,7 +18,7 @@ from ..core import settings
 from ..model.saving import HISTORY_FILE, REPORT_FILE
 from .pipeline import run_report
 from .presets import preset
-from .trainer import train
+from .trainer import fit_model
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the decisionkit folder
 
@@ -53,5 +53,5 @@ def shared_run(preset_name: str, routed: bool = False, **overrides) -> Path:
                 if routed:
                     run_report(p, out, progress=False)
                 else:
-                    train(p, out, progress=False)
+                    fit_model(p, out, progress=False)
     return out

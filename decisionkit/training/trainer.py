@@ -182,8 +182,11 @@ def split_uses(p) -> pd.DataFrame:
     return table
 
 
-def train(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True, progress: bool = True) -> TrainResult:
-    """Train preset ``p`` and save the best model to ``out`` (``decisionkit.load(out)`` opens it)."""
+def fit_model(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True,
+              progress: bool = True) -> TrainResult:
+    """The weights of preset ``p``'s model: stage 1 (heads, and a hybrid's trees) and stage 2 (fine-tuning), the
+    best saved to ``out``, neither calibrated nor routed. ``decisionkit.train`` (``pipeline.train``) calls this, then
+    calibrates and routes; a lesson that shows those steps itself starts here."""
     p = preset(p) if isinstance(p, str) else p
     out = Path(out)
     started = time.perf_counter()
