@@ -206,8 +206,3 @@ def test_load_refuses_another_format_or_rendering(model, tmp_path, field, value,
         load(_saved_with(model, tmp_path / "m", **{field: value}))
 
 
-def test_an_old_router_is_left_out_with_a_warning(model, tmp_path):
-    path = _saved_with(model, tmp_path / "m", router={"score": "confidence", "threshold": 0.4, "rejection": 0.05})
-    with pytest.warns(UserWarning, match="routing threshold was fitted by an older decisionkit"):
-        old = load(path)
-    assert old.router is None

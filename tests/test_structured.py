@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from sklearn.ensemble import HistGradientBoostingClassifier
 
+import decisionkit
 from decisionkit.model.fields import Fields, leaves
 from decisionkit.model.structured import StructuredPart, mix_weight
 from decisionkit.model.trees import TREE_ROUNDS, Trees, tree_settings
@@ -73,8 +74,7 @@ def test_field_surprise_is_zero_on_train_and_grows_with_what_train_never_had():
     checks = (len({p for p, _ in leaves(contradictory)}) + 3 + len(fields.numbers) + len(fields.texts)
               + 2 * len(fields.pairs))
     assert found[0] == pytest.approx(3 / checks)
-    old = {k: v for k, v in fields.to_json().items() if k not in ("presence", "low", "high")}
-    assert (Fields.from_json(old).surprise([other_workflow]) == 0).all()  # a model saved before: no surprise
+    assert (Fields.from_json(fields.to_json()).surprise([contradictory, blanked, other_workflow]) == found[:3]).all()  # saved
 
 
 def _fitted(labels, seed=0):
@@ -174,3 +174,18 @@ def test_the_mixture_table_shows_the_weights_the_model_mixes_with(quick_model):
     for (workflow, question), weight in table["weight of the heads"].items():
         assert weight == model.structured.weights[workflow][question]
     assert table["weight of the heads"].between(0, 1).all() and (table["fields read"] > 0).all()
+
+
+def test_fit_structured_fits_a_hybrid_again(quick_model, splits):
+    """The quick model is a hybrid already: fitting its trees again replaces them (here at other boosting rounds),
+    with the mixing weights chosen again out of fold."""
+    from decisionkit.training.trainer import fit_structured
+
+    model = decisionkit.load(quick_model[0])
+    cases = splits["train"].head(8)
+    features = model.normalize(model.split_pooled(cases))
+    fit = fit_structured(model, cases, features, folds=2, rounds=7)
+    assert model.structured.rounds == 7 and model.structured.weights == fit.weights
+    assert set(fit.scores.index.get_level_values("part")) == {"heads", "trees", "hybrid"}
+    case = splits["validation"][0]
+    assert set(model.decide(case.state, workflow=case.workflow)) == set(case.questions)

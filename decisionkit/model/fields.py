@@ -195,5 +195,4 @@ class Fields:
     @classmethod
     def from_json(cls, obj: dict) -> "Fields":
         return cls(list(obj["numbers"]), {k: list(v) for k, v in obj["categories"].items()}, list(obj["texts"]),
-                   [tuple(p) for p in obj["pairs"]], dict(obj.get("presence", {})), list(obj.get("low", [])),
-                   list(obj.get("high", [])))
+                   [tuple(p) for p in obj["pairs"]], dict(obj["presence"]), list(obj["low"]), list(obj["high"]))

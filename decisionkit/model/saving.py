@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -115,9 +114,9 @@ def _carry_over(previous: Path, new: Path) -> None:
             os.link(item, new / item.name)
 
 
-def load_trained(model, path: str | Path) -> None:
+def load_trained(model, path: str | Path) -> dict:
     """Load the heads, the feature standardization and (when saved) the adapter weights of a saved folder into
-    ``model``."""
+    ``model``; the tensors of ``heads.safetensors`` are returned (a hybrid's trees and a router are in them too)."""
     path = Path(path)
     tensors = load_file(str(path / HEADS_FILE))
     model.heads.load_state_dict({k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")})
@@ -128,6 +127,7 @@ def load_trained(model, path: str | Path) -> None:
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model.encoder, load_file(str(adapter)))
+    return tensors
 
 
 def read_config(path: Path) -> dict:
@@ -149,13 +149,13 @@ def saved_backbone(path: Path, saved: dict) -> tuple[str | Path, QuantSettings |
     the name it was trained on), and its 4-bit settings as trained (not the defaults)."""
     backbone = saved["backbone"]
     quantize = QuantSettings(**backbone["quantize"]) if backbone["quantize"] else None
-    return (path / BACKBONE_DIR if backbone.get("tuned", False) else backbone["name"]), quantize
+    return (path / BACKBONE_DIR if backbone["tuned"] else backbone["name"]), quantize
 
 
 def check_backbone(base, path: Path, saved: dict) -> None:
     """Refuse a backbone whose weights differ from those the model saved in ``path`` was trained on."""
     backbone = saved["backbone"]
-    expected = backbone["tuned_sha256"] if backbone.get("tuned", False) else backbone["weights_sha256"]
+    expected = backbone["tuned_sha256"] if backbone["tuned"] else backbone["weights_sha256"]
     if base.checksum != expected:
         raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
                          f"trained on {backbone['name']!r} with {expected[:16]}…")
@@ -165,23 +165,18 @@ def restore(model, path: Path, saved: dict) -> None:
     """Put the state saved in ``path`` (``saved``: its config) into ``model``, a new model of the saved backbone,
     schema and feature settings."""
     backbone = saved["backbone"]
-    model.tuned = backbone.get("tuned", False)
+    model.tuned = backbone["tuned"]
     if model.tuned:
         model.base = {"name": backbone["name"], "weights_sha256": backbone["weights_sha256"]}
     lora = backbone["lora"]
     if lora is not None:
         model.attach_lora(LoraSettings(**{**lora, "target_modules": tuple(lora["target_modules"])}))
-    load_trained(model, path)
+    tensors = load_trained(model, path)
     model.temperatures.update(saved["temperatures"])
-    model.confidence_temperatures = saved.get("confidence_temperatures")
-    model.head_recipe = HeadRecipe(**saved["head_fit"]) if saved.get("head_fit") else None
-    tensors = load_file(str(path / HEADS_FILE))
-    if saved.get("structured"):
+    model.confidence_temperatures = saved["confidence_temperatures"]
+    model.head_recipe = HeadRecipe(**saved["head_fit"]) if saved["head_fit"] else None
+    if saved["structured"]:
         arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith("structured.")}
         model.structured = StructuredPart.from_saved(saved["structured"], arrays)
-    if saved.get("router") and "priors" not in saved["router"]:
-        warnings.warn(f"{path / CONFIG_FILE}: the routing threshold was fitted by an older decisionkit (no "
-                      f"distance-aware answers); it is left out. Fit it again with decisionkit.training.anomaly.fit_router and "
-                      f"save the model")
-    elif saved.get("router"):
+    if saved["router"]:
         model.router = Router.from_saved(saved["router"], tensors)

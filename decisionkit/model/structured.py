@@ -163,6 +163,6 @@ class StructuredPart:
     def from_saved(cls, config: dict, arrays: dict[str, np.ndarray]) -> "StructuredPart":
         trees = {w: {q: Trees.from_saved(c, arrays, f"structured.{w}/{q}") for q, c in qs.items()}
                  for w, qs in config["trees"].items()}
-        rounds = config.get("tree_settings", {}).get("max_iter", TREE_ROUNDS)
+        rounds = config["tree_settings"]["max_iter"]
         return cls({w: Fields.from_json(f) for w, f in config["fields"].items()}, trees,
                    {w: dict(qs) for w, qs in config["weights"].items()}, rounds)

@@ -68,7 +68,9 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
                    rounds: int = TREE_ROUNDS) -> StructuredFit:
     """Make ``model`` the hybrid: trees on the fields of ``cases`` (the heads' training cases; ``features``: theirs,
     standardized), averaged with the heads at a weight per question chosen on out-of-fold predictions of both (each
-    case scored by heads and trees fitted on the other folds), then fitted on every case."""
+    case scored by heads and trees fitted on the other folds), then fitted on every case. On a model that is already
+    a hybrid, its trees and weights are fitted again (at ``rounds``), as on the heads alone."""
+    model.structured = None  # the folds' heads are read alone, and the trees are fitted anew
     heads: list[dict] = [{} for _ in cases]
     trees: list[dict] = [{} for _ in cases]
     for fold in cross_fit(model, cases, features, folds, structured=True, rounds=rounds):
