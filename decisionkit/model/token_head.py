@@ -49,11 +49,11 @@ class TokenHeadSpec:
     attention_heads: int = 4  # of the pooling attention and of each block
     feed_forward: int = 256  # each block's feed-forward width
     dropout: float = 0.1  # on the projected tokens and inside the blocks
-    # passes over the training cases: 2,100 steps on 1,120 cases at batch 16; 15 epochs left MiniLM's at dev 0.58
-    # against 0.69 (issue 32's note): it learns late, as the rate decays
+    # passes over the training cases (2,100 steps on 1,120 cases at batch 16): the head learns late, as the rate
+    # decays; fewer epochs and other peak rates measured worse (benchmarks/results/choices.md#token-head)
     epochs: int = 30
     batch_size: int = 16
-    lr: float = 1e-3  # peak rate; 3e-3 left the heads at dev 0.58 on MiniLM, 3e-4 climbed slower (issue 32's note)
+    lr: float = 1e-3  # peak rate
     weight_decay: float = 0.01
     warmup: float = 0.06  # share of the steps with a linear warm-up, then cosine decay to zero
     seed: int = 3407

@@ -1,10 +1,10 @@
 """Stage 2 of training: fine-tuning the backbone (all of it, or LoRA adapters) under the stage-1 heads.
 
-Each choice below, and the measurement behind it (``../shared/notes/cpu-facts.md`` and notebook 03):
+Each choice below (the measurements behind them: ``benchmarks/results/choices.md``):
 
-- Every optimizer step sees every workflow (``mixed_steps``). With batches grouped by length, 82% of a batch was
-  one workflow (the workflows' states differ in length), so each step moved the shared backbone for one
-  workflow's heads; validation accuracy fell 0.730 -> 0.648 in 70 steps, against 0.738 with mixed batches.
+- Every optimizer step sees every workflow (``mixed_steps``): batches grouped by length are mostly one workflow
+  (the workflows' states differ in length), so each step would move the shared backbone for one workflow's heads
+  (choices.md#mixed-steps).
 - A step's cases run as micro-batches of similar length inside one workflow: no padding to the longest state.
 - The backbone and the heads have their own learning rates (the heads can be frozen), with warm-up and cosine
   decay; gradients are clipped.

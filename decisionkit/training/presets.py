@@ -66,39 +66,24 @@ class Preset:
         return {**asdict(self), "features": self.features.to_json()}
 
 
-# Stage 2 on CPU, as measured (notebook 03): the stage-1 heads stay frozen (trained on mini-batches at 1e-3 they
-# tore MiniLM's dev loss from 0.98 to 1.94 in 20 steps), and the backbone moves slowly.
-# Every fine-tuning run measured on CPU scored worse on dev than its start for hundreds of steps, so the run stops
-# after four evaluations (80 steps) without a better dev loss.
+# Stage 2 on CPU: the stage-1 heads stay frozen, the backbone moves slowly, and a run stops after four evaluations
+# without a better dev loss (the measurements: benchmarks/results/choices.md#stage-2).
 _FULL = dict(mode="full", epochs=2, lr=1e-5, finetune_head_lr=0.0, weight_decay=0.01, eval_every=20, patience=4)
 PRESETS = {
-    # CI, tests and the notebooks' quick mode: a few cases, short inputs, heads only. About a minute on 2 cores.
-    # A slower rate and a strong L2: at the full recipe's (0.003, L2 1e-3 to 1e-2) 60 cases are overfitted before
-    # step 10, the first step checked, so the fit kept its uniform start (validation accuracy 0.275). Here it keeps
-    # step 50 (L2 1) and reaches 0.505 on the 80 validation cases.
-    # As a hybrid, 30 boosting rounds (at 5x the rate): the trees' fits were 70% of a quick run report's 79 s at
-    # 150 rounds, and cost time in proportion to the rounds (3.5 s against 0.8 s a fit of 80 cases, same test
-    # accuracy on 40 cases: 0.550 against 0.565).
+    # CI, tests and the notebooks' quick mode: a few cases, short inputs. A slower rate and a strong L2, or 60 cases
+    # are overfitted before the first step checked; 30 boosting rounds at 5x the rate, as the trees' time grows with
+    # the rounds (benchmarks/results/choices.md#cpu-quick).
     "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=256), train_per_workflow=20,
                         validation_per_workflow=10, test_per_workflow=10, dev_per_workflow=5, head_lr=3e-4,
                         l2_grid=(1.0, 10.0), tree_rounds=30, off_domain_per_kind=3),
-    # Heads on frozen SmolLM2 features, full data: the baseline of the hybrid (about 6 minutes with bfloat16,
-    # mostly the one-off extraction).
+    # Heads on frozen SmolLM2 features, full data: the baseline of the hybrid.
     "cpu-heads": Preset("cpu-heads", "heads"),
-    # The best recipe measured on 2 CPU cores: the hybrid, cpu-heads' heads averaged
-    # with trees on the state's fields; it beats both parts out of fold on train and on test (the run's history.json;
-    # benchmarks/results/train_cpu-best_*.json and hybrid_*.json). Tried against the heads alone before, on the dev
-    # slice or by 5-fold cross-validation on train, none better by more than noise: other layers and poolings,
-    # per-question attention pooling, feature dropout, an ordinal loss, another rendering of the state, both
-    # backbones' features together, key-order augmentation, sharpened targets, and fine-tuning: LoRA left the dev
-    # loss where it started, the top layers or every weight of SmolLM2 or of MiniLM raised it (notebook 03). A token
-    # head on cached token states (attention pooling, or a transformer block, per question) in place of the heads:
-    # not better on dev; beside the heads and the trees as a third part, a lower KL on test and an accuracy gain
-    # within noise, not yet a part a model carries (benchmarks/results/token_head_*.json, issue 32's note).
+    # The best recipe measured on 2 CPU cores: the hybrid, cpu-heads' heads averaged with trees on the state's
+    # fields; it beats both parts out of fold on train and on test, and what was tried against it is listed with
+    # its measurements in benchmarks/results/choices.md#hybrids.
     "cpu-best": Preset("cpu-best", "heads", structured=True),
-    # The same hybrid on the 22.7M-parameter MiniLM-L6 encoder: with the fields beside it, it comes within about
-    # 0.01 of cpu-best's test accuracy at a fraction of its extraction time and latency (benchmarks/backbones.py),
-    # so it is what `make demo` trains: the whole job fits 15 minutes on every CPU measured, AVX2 ones included.
+    # The same hybrid on the 22.7M-parameter MiniLM-L6 encoder: close to cpu-best at a fraction of its extraction
+    # time and latency, so it is what `make demo` trains (benchmarks/results/choices.md#hybrids).
     "cpu-fast": Preset("cpu-fast", "heads", backbone=ENCODER_BACKBONE, structured=True),
     # LoRA on SmolLM2, adapters on the upper half only: the backward pass stops at layer 15.
     "cpu-lora": Preset("cpu-lora", "lora", lora=LoraSettings(first_layer=0.5), epochs=2, lr=1e-4,
