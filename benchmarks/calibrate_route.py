@@ -54,6 +54,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model = dk.load(args.model)
+    model.router = None  # a routed model is calibrated again here, then routed again: temperatures come first
     splits = {name: dk.load_typed_decisions(name, args.data) for name in ("train", "validation", "test")}
     others = [t for t in CALIBRATIONS if t != args.target]
     alternatives = {t: calibrate(model, splits["validation"], splits["test"], target=t).table() for t in others}

@@ -271,3 +271,17 @@ def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(q
     assert alone.temperatures == report.temperatures  # scoring test changed nothing
     with pytest.raises(ValueError, match="also in a split before it"):
         calibrate_out_of_fold(decisionkit.load(path), train, validation, validation)
+
+
+def test_calibrating_a_routed_model_is_refused_with_the_order_to_follow(quick_model, splits):
+    """Temperatures, then the router: calibrating under a router would move answers across its threshold."""
+    from decisionkit.training.anomaly import fit_router
+
+    model = decisionkit.load(quick_model[0])
+    fit_router(model, splits["train"].head(10), splits["validation"].head(10), folds=2)
+    for call in (lambda: calibrate(model, splits["validation"].head(10)),
+                 lambda: calibrate_out_of_fold(model, splits["train"].head(10), splits["validation"].head(10))):
+        with pytest.raises(ValueError, match="calibrate before fit_router"):
+            call()
+    model.router = None
+    calibrate(model, splits["validation"].head(10))  # in order again

@@ -153,6 +153,15 @@ def fitted_where(model, fit_on: dict[str, Split], test: Split) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def refuse_routed(model) -> None:
+    """The order of fitting: temperatures first, then the router, whose threshold is set on the calibrated
+    confidence; new temperatures under an old router would move every answer across its threshold unseen."""
+    if model.router is not None:
+        raise ValueError("this model already has a router, whose threshold was set on its current temperatures: "
+                         "calibrate before fit_router (to calibrate again, set model.router = None, calibrate, then "
+                         "fit the router again)")
+
+
 def calibrate(model, validation: Split, *others: Split, per_type: bool = True, target: str = "both",
               bounds: tuple[float, float] = BOUNDS) -> CalibrationReport:
     """Fit temperatures on ``validation`` and set them on ``model``; score ``validation`` and ``others`` (the test
@@ -160,6 +169,7 @@ def calibrate(model, validation: Split, *others: Split, per_type: bool = True, t
     gold answer), "label" or "distribution" (one set of temperatures for both). Only ``validation`` is fitted."""
     if target not in CALIBRATIONS:
         raise ValueError(f"target is {target!r}; expected one of {', '.join(CALIBRATIONS)}")
+    refuse_routed(model)
     logits = {s.name: decision_logits(model, s) for s in (validation, *others)}
     fit_on = logits[validation.name]
     fits, temperatures = fit_temperatures(fit_on, per_type, "distribution" if target == "both" else target, bounds)
@@ -207,6 +217,7 @@ def calibrate_out_of_fold(model, train: Split, validation: Split, *others: Split
     by the model, which must not have chosen anything on it), keep each only where ``temperature_rule`` finds it
     helps held-out data, and set those on ``model``. ``others`` (the test split, say) are only scored: at T = 1, at
     the temperatures as fitted and after the rule."""
+    refuse_routed(model)
     seen = set(train.ids)
     for cases in (validation, *others):
         shared = sorted(set(cases.ids) & seen)
