@@ -6,13 +6,13 @@ threshold past which a human answers.
   distance of a pooled feature to its workflow's training features (Lee et al., 2018).
 - ``Router.weight``: past the distance of the farthest ``anomaly.TAIL_SHARE`` of held-out real inputs
   (``reference``), the weight w = exp(-(distance - reference) / scale) the heads keep falls from 1 towards 0; the
-  answers become w * heads + (1 - w) * the training prior (``answer_parts``, ``answers.py``). A hybrid's router
+  answers become w * heads + (1 - w) * the training prior (``DecisionModel.answer_parts``). A hybrid's router
   also reads the fields: past the field surprise of the farthest ``TAIL_SHARE`` of its workflow's held-out real
   inputs (``field_reference``), w is multiplied by exp(-(surprise - field_reference) / field_scale). A blanked
   state, a contradictory one or another workflow's state reads like a real one to the pooled features, not to
   the fields (``fields.Fields.surprise``).
 - ``Router.scores``: every anomaly score of the inputs of a model's output (``output_scores``, with the model's
-  temperatures and answers, ``answers.AnswerMixin``; the distance and the weight as columns ``mahalanobis`` and
+  temperatures and answers, ``DecisionModel.answer_parts``; the distance and the weight as columns ``mahalanobis`` and
   ``in-domain``); ``Router.verdict``: "answer" or "human" from one of them against the threshold.
 
 ``anomaly.fit_router`` fits a router; it is saved with the model (``saving.py``).

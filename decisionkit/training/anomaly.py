@@ -19,7 +19,7 @@ worse than a coin off-domain). A distance in feature space can. The scores below
 Distance-aware answers (``routing.Router``). Past the distance of the farthest ``TAIL_SHARE`` of held-out real
 inputs, the weight w = exp(-(distance - reference) / scale) falls from 1 towards 0, ``scale`` being the mean excess
 of those farthest inputs (an exponential tail fitted to them). The model then answers w * heads + (1 - w) * the
-training prior, with confidence w * the heads' confidence (``answer_parts``, ``answers.py``). Real inputs keep their
+training prior, with confidence w * the heads' confidence (``DecisionModel.answer_parts``). Real inputs keep their
 answers (w = 1 for all but about ``TAIL_SHARE`` of them); a poem, far beyond every training case, answers the prior
 with confidence ~0. A hybrid's weight falls the same way past its workflow's tail of held-out field surprise
 (``field surprise``, ``fields.Fields.surprise``): that is what sends near-domain states (blanked,
