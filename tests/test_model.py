@@ -200,6 +200,7 @@ def _saved_with(model, path, **changes):
 @pytest.mark.parametrize("field, value, message", [
     ("format", 0, "format 0; this decisionkit reads 1"),
     ("render_version", "v0", "rendering 'v0'; this decisionkit renders"),
+    ("calibrated_by", "me", r"fields \['calibrated_by'\] differ from format 1's"),  # a field no part reads
 ])
 def test_load_refuses_another_format_or_rendering(model, tmp_path, field, value, message):
     with pytest.raises(ValueError, match=f"decisionkit.json: {message}"):

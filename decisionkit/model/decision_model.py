@@ -303,10 +303,10 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     """Open a saved decision model. ``backbone`` overrides where the weights are found (a local folder, say);
     the weights must still be the ones the model was trained on."""
     path = Path(path)
-    saved = saving.read_config(path)
+    saved = saving.ModelConfig.read(path)
     where, quantize = saving.saved_backbone(path, saved)
     base = load_backbone(backbone or where, quantize=quantize, device=device)
     saving.check_backbone(base, path, saved)
-    model = DecisionModel(base, saving.schema_from_json(saved["schema"]), FeatureSpec.from_json(saved["features"]))
+    model = DecisionModel(base, saving.schema_from_json(saved.schema), FeatureSpec.from_json(saved.features))
     saving.restore(model, path, saved)
     return model.eval()

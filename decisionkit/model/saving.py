@@ -8,7 +8,7 @@ fully fine-tuned model, the tuned backbone itself in ``backbone/`` (safetensors,
 mid-save leaves the previous save whole, and whatever else the folder held (the training history, reports, a
 checkpoint: the run folder's other files, named below) is carried over.
 
-``model.load(path)`` opens a saved model: ``read_config`` checks the folder's format and rendering version,
+``model.load(path)`` opens a saved model: ``ModelConfig.read`` checks the folder's format and rendering version,
 ``saved_backbone`` says which backbone to load, ``check_backbone`` refuses weights other than the trained ones, and
 ``restore`` puts the saved state into the new model.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -55,25 +55,56 @@ def schema_from_json(obj: dict) -> dict[str, dict[str, Question]]:
     return {wf: {qid: Question.from_json(qid, q, "saved schema") for qid, q in qs.items()} for wf, qs in obj.items()}
 
 
-def config(model) -> dict:
-    """What ``decisionkit.json`` holds for ``model``."""
-    backbone = model.backbone
-    return {
-        "format": FORMAT_VERSION,
-        "decisionkit": __version__,
-        "backbone": {**(model.base or {"name": backbone.name, "weights_sha256": backbone.checksum}),
-                     "quantize": asdict(backbone.quantize) if backbone.quantize else None,
-                     "lora": asdict(backbone.lora) if backbone.lora else None,
-                     "tuned": model.tuned},  # the tuned weights are in backbone/, their hash in tuned_sha256
-        "render_version": RENDER_VERSION,
-        "features": model.spec.to_json(),
-        "schema": _schema_to_json(model.schema),
-        "temperatures": dict(model.temperatures),
-        "confidence_temperatures": model.confidence_temperatures,
-        "head_fit": asdict(model.head_recipe) if model.head_recipe is not None else None,
-        "router": model.router.config() if model.router is not None else None,
-        "structured": model.structured.config() if model.structured is not None else None,
-    }
+@dataclass
+class ModelConfig:
+    """What ``decisionkit.json`` holds: every part of a model but its tensors, one field per part (the parts' own
+    settings as their ``config()`` / ``to_json()`` write them)."""
+
+    backbone: dict  # name, weights_sha256, quantize, lora, tuned (and tuned_sha256: the tuned weights in backbone/)
+    features: dict  # FeatureSpec
+    schema: dict  # workflow -> question id -> question
+    temperatures: dict[str, float]  # per question type, for the probabilities
+    confidence_temperatures: dict[str, float] | None  # for the confidence field, when fitted apart
+    head_fit: dict | None  # HeadRecipe: how stage 1 fitted the heads
+    router: dict | None  # Router
+    structured: dict | None  # StructuredPart: a hybrid's fields, trees and weights
+    format: int = FORMAT_VERSION
+    decisionkit: str = __version__
+    render_version: str = RENDER_VERSION
+
+    @classmethod
+    def of(cls, model) -> ModelConfig:
+        backbone = model.backbone
+        return cls(
+            backbone={**(model.base or {"name": backbone.name, "weights_sha256": backbone.checksum}),
+                      "quantize": asdict(backbone.quantize) if backbone.quantize else None,
+                      "lora": asdict(backbone.lora) if backbone.lora else None, "tuned": model.tuned},
+            features=model.spec.to_json(), schema=_schema_to_json(model.schema),
+            temperatures=dict(model.temperatures), confidence_temperatures=model.confidence_temperatures,
+            head_fit=asdict(model.head_recipe) if model.head_recipe is not None else None,
+            router=model.router.config() if model.router is not None else None,
+            structured=model.structured.config() if model.structured is not None else None)
+
+    @classmethod
+    def read(cls, path: Path) -> ModelConfig:
+        """The ``decisionkit.json`` of the folder ``path``, in a format and rendering this decisionkit reads."""
+        config_path = path / CONFIG_FILE
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{config_path} not found: {path} is not a saved decision model")
+        saved = json.loads(config_path.read_text())
+        if saved.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{config_path}: format {saved.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
+        if saved.get("render_version") != RENDER_VERSION:
+            raise ValueError(f"{config_path}: rendering {saved.get('render_version')!r}; this decisionkit renders "
+                             f"{RENDER_VERSION!r}")
+        expected = {f.name for f in fields(cls)}
+        if set(saved) != expected:
+            raise ValueError(f"{config_path}: fields {sorted(set(saved) ^ expected)} differ from format "
+                             f"{FORMAT_VERSION}'s; expected exactly {sorted(expected)}")
+        return cls(**saved)
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 def save(model, path: str | Path) -> Path:
@@ -90,12 +121,12 @@ def save(model, path: str | Path) -> Path:
         save_file(tensors, scratch / HEADS_FILE)
         if model.backbone.lora is not None:
             model.backbone.model.save_pretrained(scratch / ADAPTER_DIR, safe_serialization=True)
-        saved = config(model)
+        saved = ModelConfig.of(model)
         if model.tuned:
             model.backbone.model.save_pretrained(scratch / BACKBONE_DIR, safe_serialization=True)
             model.backbone.tokenizer.save_pretrained(scratch / BACKBONE_DIR)
-            saved["backbone"]["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
-        (scratch / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
+            saved.backbone["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
+        (scratch / CONFIG_FILE).write_text(json.dumps(saved.to_json(), indent=2))
         if path.exists():
             _carry_over(path, scratch)
     return path
@@ -130,41 +161,27 @@ def load_trained(model, path: str | Path) -> dict:
     return tensors
 
 
-def read_config(path: Path) -> dict:
-    """The saved ``decisionkit.json`` of the folder ``path``, in a format and rendering this decisionkit reads."""
-    config_path = path / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: {path} is not a saved decision model")
-    saved = json.loads(config_path.read_text())
-    if saved.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{config_path}: format {saved.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
-    if saved["render_version"] != RENDER_VERSION:
-        raise ValueError(f"{config_path}: rendering {saved['render_version']!r}; this decisionkit renders "
-                         f"{RENDER_VERSION!r}")
-    return saved
-
-
-def saved_backbone(path: Path, saved: dict) -> tuple[str | Path, QuantSettings | None]:
+def saved_backbone(path: Path, saved: ModelConfig) -> tuple[str | Path, QuantSettings | None]:
     """Where the backbone of the model saved in ``path`` is (its own ``backbone/`` when every weight was tuned, else
     the name it was trained on), and its 4-bit settings as trained (not the defaults)."""
-    backbone = saved["backbone"]
+    backbone = saved.backbone
     quantize = QuantSettings(**backbone["quantize"]) if backbone["quantize"] else None
     return (path / BACKBONE_DIR if backbone["tuned"] else backbone["name"]), quantize
 
 
-def check_backbone(base, path: Path, saved: dict) -> None:
+def check_backbone(base, path: Path, saved: ModelConfig) -> None:
     """Refuse a backbone whose weights differ from those the model saved in ``path`` was trained on."""
-    backbone = saved["backbone"]
+    backbone = saved.backbone
     expected = backbone["tuned_sha256"] if backbone["tuned"] else backbone["weights_sha256"]
     if base.checksum != expected:
         raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
                          f"trained on {backbone['name']!r} with {expected[:16]}…")
 
 
-def restore(model, path: Path, saved: dict) -> None:
+def restore(model, path: Path, saved: ModelConfig) -> None:
     """Put the state saved in ``path`` (``saved``: its config) into ``model``, a new model of the saved backbone,
     schema and feature settings."""
-    backbone = saved["backbone"]
+    backbone = saved.backbone
     model.tuned = backbone["tuned"]
     if model.tuned:
         model.base = {"name": backbone["name"], "weights_sha256": backbone["weights_sha256"]}
@@ -172,11 +189,11 @@ def restore(model, path: Path, saved: dict) -> None:
     if lora is not None:
         model.attach_lora(LoraSettings(**{**lora, "target_modules": tuple(lora["target_modules"])}))
     tensors = load_trained(model, path)
-    model.temperatures.update(saved["temperatures"])
-    model.confidence_temperatures = saved["confidence_temperatures"]
-    model.head_recipe = HeadRecipe(**saved["head_fit"]) if saved["head_fit"] else None
-    if saved["structured"]:
+    model.temperatures.update(saved.temperatures)
+    model.confidence_temperatures = saved.confidence_temperatures
+    model.head_recipe = HeadRecipe(**saved.head_fit) if saved.head_fit else None
+    if saved.structured:
         arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith("structured.")}
-        model.structured = StructuredPart.from_saved(saved["structured"], arrays)
-    if saved["router"]:
-        model.router = Router.from_saved(saved["router"], tensors)
+        model.structured = StructuredPart.from_saved(saved.structured, arrays)
+    if saved.router:
+        model.router = Router.from_saved(saved.router, tensors)

@@ -73,7 +73,7 @@ def train(preset_name: str | Preset, out: str | Path, data_dir=None, resume: boo
     if model.structured is not None:  # the hybrid's parts apart, on the same test cases
         baselines.update({f"{part} ({len(splits['test'])} test cases)": s
                           for part, s in part_scores(model, splits["test"]).items()})
-    backbone, saved = model.backbone, saving.config(model)["backbone"]
+    backbone, saved = model.backbone, saving.ModelConfig.of(model).backbone
     report = RunReport(
         backbone={"name": saved["name"], "source": backbone.resolved.source,
                   "weights_sha256": saved["weights_sha256"], "kind": backbone.kind},
