@@ -1,7 +1,8 @@
 """The server, called as its users call it: the official typesafe-sdk clients (sync and async), raw HTTP for what
-no client would send, and the ``decisionkit decide`` command. One server (LitServe, batching on) serves the
-session's quick model for the whole module, a second the same model with a router (routed answers, stalled
-uploads); no assertion depends on timing."""
+no client would send, and the ``decisionkit decide`` command: what needs the live HTTP layer and LitServe (the
+contract's refusals, zstd and Unicode bodies are checked in process, tests/test_contract_inprocess.py). One server
+(LitServe, batching on) serves the session's quick model for the whole module, a second the same model with a router
+(routed answers, stalled uploads); no assertion depends on timing."""
 
 import asyncio
 import contextlib
@@ -31,7 +32,7 @@ from decisionkit.core.answer_fields import answer_confidence, answer_probabiliti
 from decisionkit.core.precision import ANSWER_TOLERANCE
 from decisionkit.course import serve_lab
 from decisionkit.course.serve_lab import launch, load_test
-from decisionkit.serving.app import ENDPOINT, RequestLimits, zstd
+from decisionkit.serving.app import ENDPOINT, RequestLimits
 from decisionkit.serving.config import Limits
 from decisionkit.training.anomaly import fit_router
 
@@ -293,44 +294,10 @@ def test_every_bad_request_gets_a_json_4xx_and_the_server_keeps_answering(served
     assert {label: got for label, (got, _) in outcomes.items()} == {label: want for label, (_, want) in outcomes.items()}
 
 
-def test_zstd_bodies_are_decoded_within_the_size_limit(served, cases):
-    server, name, _ = served
-    body = good_body(name, cases[0])
-    packed = zstd.compress(body)
-
-    def send(data: bytes) -> tuple[int, dict]:
-        status, _, payload = exchange(server, http_request(data, headers={"Content-Encoding": "zstd"}))
-        return status, payload
-
-    status, compressed = send(packed)
-    assert status == 200 and len(packed) < len(body)
-    plain = exchange(server, http_request(body))[2]
-    assert serve_lab.served_vs_decided(compressed["answers"], plain["answers"])["agree"].all()
-    status, payload = send(packed[:len(packed) // 2])
-    assert status == 400 and "truncated" in payload["detail"]
-    bomb = zstd.compress(b'{"state": "' + b"x" * 10**7 + b'"}')  # 10 MB in a few hundred bytes
-    status, payload = send(bomb)
-    assert len(bomb) < 1000 and status == 413 and f"the limit is {Limits().max_body_bytes}" in payload["detail"]
 
 
-def test_refusals_name_the_field(served, cases):
-    server, name, _ = served
-    checks = {"state null": ["body", "state"], "workflow is a list": ["body", "workflow"],
-              "model unknown": ["body", "model"], "state too long for the model": ["body", "state"],
-              "unknown field": ["body", "temperature"], "box question": ["body", "questions"],
-              "assets": ["body", "assets"]}
-    table = bad_requests(name, cases[0])
-    for label, prefix in checks.items():
-        _, _, payload = exchange(server, table[label][0])
-        assert payload["detail"][0]["loc"][:len(prefix)] == prefix, (label, payload)
-        assert payload["detail"][0]["msg"], label
 
 
-def test_unicode_states_are_answered(served, cases):
-    server, name, _ = served
-    body = {**json.loads(good_body(name, cases[1])), "state": "Kunde: „Rückerstattung bitte“ — 返金してください 🙏 مرحبا"}
-    status, _, payload = exchange(server, http_request(json.dumps(body, ensure_ascii=False).encode()))
-    assert status == 200 and set(payload["answers"]) == set(cases[1].questions)
 
 
 def test_docs_models_health_and_loopback(served):

@@ -6,7 +6,10 @@ an int8 graph itself, so ``onnx_runtime.quantize`` renames its scratch file into
   exit it replaces ``path``.
 - ``write_text(path, text)``: the same for a string.
 - ``atomic_folder(path)``: a scratch folder next to ``path``; on a clean exit it takes ``path``'s place (the old
-  folder, if any, is removed only after the swap).
+  folder, if any, is moved aside to ``.NAME.old`` and removed only after the swap). If the second rename fails, the
+  old folder is moved back; a process killed between the two renames leaves it whole at ``.NAME.old``, and the
+  next save of ``path`` puts it back first. Two saves of one folder at once take turns at the swap (a lock on the parent
+  folder, across threads and processes): the last one wins, whole, and neither fails.
 
 What is written is readable by everyone (mode 644 for files, 755 for folders): caches and saved models are shared,
 while ``tempfile`` makes its files private.
@@ -17,9 +20,17 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: saves take turns within this process only
+    fcntl = None
+
+_SWAPPING = threading.Lock()
 
 
 def _share(path: Path) -> None:
@@ -56,9 +67,26 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 @contextmanager
+def _swap_turn(folder: Path) -> Iterator[None]:
+    """Held while a folder in ``folder`` is swapped: an exclusive ``flock`` on ``folder`` itself (no lock file is
+    left behind), which threads with their own descriptor and other processes both wait for."""
+    if fcntl is None:
+        with _SWAPPING:
+            yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+@contextmanager
 def atomic_folder(path: str | Path) -> Iterator[Path]:
     """Yield an empty scratch folder beside ``path``; on a clean exit it takes ``path``'s place (an existing folder
-    there is moved aside first and deleted after the swap), on an error it is removed and ``path`` is untouched."""
+    there is moved aside first, moved back if the swap fails, and deleted after it), on an error it is removed and
+    ``path`` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -66,10 +94,19 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     try:
         yield scratch
         _share(scratch)
-        if path.exists():
+        with _swap_turn(path.parent):
+            if old.exists() and not path.exists():  # a save killed between the renames: the last whole folder
+                os.replace(old, path)
             shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(scratch, path)
-        shutil.rmtree(old, ignore_errors=True)
+            moved = path.exists()
+            if moved:
+                os.replace(path, old)
+            try:
+                os.replace(scratch, path)
+            except BaseException:
+                if moved and not path.exists():
+                    os.replace(old, path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

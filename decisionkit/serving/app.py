@@ -13,7 +13,8 @@ Every answer is JSON, errors included: 422 with ``{"detail": [{"loc", "msg", "ty
 the contract or the model refuses; 400 for malformed HTTP (a Content-Length of -5, say); 404, 405; 408 when a
 body does not arrive within ``read_timeout`` seconds; 413 past ``max_body_bytes``; 415 for a Content-Encoding
 other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are waiting for the model or
-``max_reading`` are still sending their bodies; 504 when the model did not answer within ``request_timeout``; 500
+``max_reading`` are still sending their bodies; 504 when a request has waited ``request_timeout`` for the model (LitServe's queue: a forward pass already
+running is not cut off); 500
 for a bug. The server binds to 127.0.0.1 unless told otherwise.
 
 With an API key (``decisionkit serve --api-key`` or ``DECISIONKIT_API_KEY``), every route asks for
@@ -27,7 +28,8 @@ live server). Without ``graceful_sigterm``, SIGTERM ended the main process alone
 
 Malformed HTTP and slow headers are answered by ``protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
 errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
-``benchmarks/load_serve.py``); ``serving/ray_app.py`` deploys the same app on Ray Serve.
+``benchmarks/load_serve.py``); ``serving/ray_app.py`` deploys the same app on Ray Serve; ``contract_app`` builds
+it without LitServe, answering in the calling process (tests of the contract through ``httpx.ASGITransport``).
 """
 
 import datetime
@@ -37,7 +39,7 @@ import signal
 from contextlib import contextmanager
 from http import HTTPStatus
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import litserve as ls
@@ -341,3 +343,36 @@ def graceful_sigterm():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# ----- without LitServe -----------------------------------------------------------------------------------------------
+async def answer_request(models: Mapping[str, Any], request: SystemOneRequest,
+                         answer: Callable[[Prepared], Awaitable[dict]]) -> dict | JSONResponse:
+    """``POST /v1/systemone`` where LitServe does not run it (Ray Serve's deployment, ``contract_app``): the request
+    checked against the model it names (``systemone.prepare``; a refusal is answered 422), then ``answer``ed."""
+    prepared = systemone.prepare(models, request)
+    return refusal_response(prepared) if isinstance(prepared, Refusal) else await answer(prepared)
+
+
+def contract_app(runs: Sequence[str | Path], limits: Limits = Limits(), api_key: str | None = None,
+                 models: Mapping[str, Any] | None = None) -> FastAPI:
+    """The server's app without LitServe, for in-process tests (``httpx.ASGITransport``): ``install``'s routes, API
+    key, limits and errors, and ``POST /v1/systemone`` answered in this process, one request per forward pass
+    (``answer_request``). ``models``: the runs already loaded, by name (default: loaded here)."""
+    served = catalog(runs)
+    if models is None:
+        models = {name: load(run) for name, run in served.items()}
+    elif models.keys() != served.keys():
+        raise ValueError(f"the models are named {sorted(models)} and the runs {sorted(served)}; pass one per run")
+    app = FastAPI(title="decisionkit System One (in process)")
+    install(app, served, limits, api_key)
+
+    async def answer(prepared: Prepared) -> dict:
+        [body] = await anyio.to_thread.run_sync(systemone.respond, models, [prepared])
+        return body
+
+    @app.post(ENDPOINT, response_model=SystemOneResponse)
+    async def system_one(request: SystemOneRequest):
+        return await answer_request(models, request, answer)
+
+    return app

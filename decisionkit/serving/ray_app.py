@@ -24,10 +24,10 @@ from fastapi import FastAPI
 from ray import serve
 
 from ..contract import systemone
-from ..contract.systemone import Prepared, Refusal, SystemOneRequest, SystemOneResponse
+from ..contract.systemone import Prepared, SystemOneRequest, SystemOneResponse
 from ..core import settings
 from ..model.decision_model import load
-from .app import ENDPOINT, catalog, graceful_sigterm, install, refusal_response
+from .app import ENDPOINT, answer_request, catalog, graceful_sigterm, install
 from .config import Batching, Limits
 
 APP_NAME = "decisionkit"
@@ -55,8 +55,7 @@ def ray_app(runs: Sequence[str | Path], batching: Batching = Batching(), limits:
 
         @app.post(ENDPOINT, response_model=SystemOneResponse)
         async def system_one(self, request: SystemOneRequest):
-            prepared = systemone.prepare(self.models, request)
-            return refusal_response(prepared) if isinstance(prepared, Refusal) else await self.answer(prepared)
+            return await answer_request(self.models, request, self.answer)
 
     return SystemOne.bind()
 

@@ -1,0 +1,241 @@
+"""The System One contract in process: the server's FastAPI app without LitServe (``app.contract_app``: the same
+``install``ed routes, key, limits and errors, the same ``prepare`` / ``respond``), called through
+``httpx.ASGITransport``. What needs no HTTP layer is checked here in seconds: every refusal is a JSON 4xx naming
+the field, the API key's 401s, the course's refusal table, a bug answered as a JSON 500 without its traceback.
+What only a socket shows (malformed framing, slow headers, stalled uploads, batching) stays in test_serve.py."""
+
+import json
+import math
+
+import anyio
+import httpx
+import pytest
+
+from decisionkit.contract import systemone
+from decisionkit.core import precision
+from decisionkit.core.precision import ANSWER_TOLERANCE
+from decisionkit.course import serve_lab
+from decisionkit.serving.app import ENDPOINT, READINESS_PATH, contract_app, zstd
+from decisionkit.serving.config import Limits
+
+KEY = "test-key-7f3a"
+READ_TIMEOUT = 0.5  # seconds; short, so the stalled body's 408 comes quickly
+
+
+@pytest.fixture(scope="module")
+def served(quick_model):
+    """(name, model, app): the quick model in process, loaded once for the session."""
+    path, model = quick_model
+    return path.name, model, contract_app([path], Limits(read_timeout=READ_TIMEOUT), models={path.name: model})
+
+
+@pytest.fixture(scope="module")
+def case(splits, quick_model):
+    """A validation case short enough for the quick model, with a noul, a choice and a score question."""
+    _, model = quick_model
+    return next(c for c in splits["validation"] if {x.type for x in c.questions.values()} == {"noul", "choice", "score"}
+                and len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length)
+
+
+def call(app, method: str, path: str = ENDPOINT, raise_app_exceptions: bool = True, headers: dict | None = None,
+         **request) -> httpx.Response:
+    """One request to ``app`` in this process, sent as JSON unless ``headers`` say otherwise."""
+    async def go():
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            return await http.request(method, path, headers={"Content-Type": "application/json", **(headers or {})},
+                                      **request)
+
+    return anyio.run(go)
+
+
+def good(name: str, case) -> dict:
+    return {"model": name, "state": case.state, "questions": {q: x.to_json() for q, x in case.questions.items()}}
+
+
+def assert_answers_as_decide(response: httpx.Response, model, case) -> None:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    local = model.decide(case.state, {q: x.to_json() for q, x in case.questions.items()})
+    assert systemone.disagreements(body["answers"], local, ANSWER_TOLERANCE[precision.choose().dtype]) == []
+    assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] == 0
+
+
+def refused(name: str, case) -> dict[str, tuple[dict, int, list | None]]:
+    """label -> (httpx request arguments for POST /v1/systemone, the status, the start of the first error's loc
+    (None: a message, not a list of field errors)). The labels are test_serve.py's ``bad_requests``; "options
+    differ" names the workflow here, or a question name that several workflows ask is refused for that instead."""
+    ok = good(name, case)
+
+    def with_(**changes) -> dict:
+        return {"content": json.dumps({**ok, **changes}).encode()}
+
+    deep = b'{"model": "%s", "state": %s, "questions": %s}' % (
+        name.encode(), b"[" * 100_000 + b"]" * 100_000, json.dumps(ok["questions"]).encode())
+    noul, choice, score = (next(q for q, x in ok["questions"].items() if x["type"] == t)
+                           for t in ("noul", "choice", "score"))
+    return {
+        "100k nested brackets": ({"content": deep}, 422, ["body"]),
+        "workflow is a list": (with_(workflow=["a"]), 422, ["body", "workflow"]),
+        "state null": (with_(state=None), 422, ["body", "state"]),
+        "state 42": (with_(state=42), 422, ["body", "state"]),
+        "state empty string": (with_(state=""), 422, ["body", "state"]),
+        "state empty object": (with_(state={}), 422, ["body", "state"]),
+        "state NaN": ({"content": json.dumps({**ok, "state": {"x": math.nan}}).encode()}, 422, ["body"]),
+        "state Infinity": ({"content": json.dumps({**ok, "state": [math.inf]}).encode()}, 422, ["body"]),
+        "state too long for the model": (with_(state="word " * 3000), 422, ["body", "state"]),
+        "empty body": ({"content": b""}, 422, ["body"]),
+        "not JSON": ({"content": b"{'state': 1"}, 422, ["body"]),
+        "a JSON array": ({"content": b"[]"}, 422, ["body"]),
+        "invalid UTF-8": ({"content": b'{"model": "\xff\xfe", "state": "x"}'}, 422, ["body"]),
+        "text/plain": ({**with_(), "headers": {"Content-Type": "text/plain"}}, 422, ["body"]),
+        "model missing": ({"json": {"state": ok["state"], "questions": ok["questions"]}}, 422, ["body", "model"]),
+        "model is a number": (with_(model=1), 422, ["body", "model"]),
+        "model unknown": (with_(model="jev-latest"), 422, ["body", "model"]),
+        "questions missing": ({"json": {"model": name, "state": "x"}}, 422, ["body", "questions"]),
+        "questions empty": (with_(questions={}), 422, ["body", "questions"]),
+        "questions a list": (with_(questions=[noul]), 422, ["body", "questions"]),
+        "question a string": (with_(questions={noul: "noul"}), 422, ["body", "questions", noul]),
+        "question type unknown": (with_(questions={noul: {"type": "maybe"}}), 422, ["body", "questions", noul]),
+        "noul criteria a list": (with_(questions={noul: {"type": "noul", "criteria": ["yes"]}}), 422,
+                                 ["body", "questions", noul]),
+        "choice without criteria": (with_(questions={choice: {"type": "choice"}}), 422, ["body", "questions", choice]),
+        "score criteria a string": (with_(questions={score: {"type": "score", "criteria": "low"}}), 422,
+                                    ["body", "questions", score]),
+        "instructions a number": (with_(questions={noul: {"type": "noul", "instructions": 5}}), 422,
+                                  ["body", "questions", noul]),
+        "box question": (with_(questions={noul: {"type": "box", "instructions": "find it"}}), 422,
+                         ["body", "questions", noul, "type"]),
+        "assets": (with_(assets={"a1": {"type": "image", "format": "png", "data_base64": "AAAA"}}), 422,
+                   ["body", "assets"]),
+        "unknown field": (with_(temperature=0.2), 422, ["body", "temperature"]),
+        "workflow unknown": (with_(workflow="poetry"), 422, ["body", "workflow"]),
+        "question not trained": (with_(questions={"colour": {"type": "noul"}}, workflow=case.workflow), 422,
+                                 ["body", "questions", "colour"]),
+        "options differ": (with_(questions={choice: {"type": "choice", "criteria": {"yes": "", "no": ""}}},
+                                 workflow=case.workflow), 422, ["body", "questions", choice, "criteria"]),
+        "5,000 questions": (with_(questions={f"q{i}": {"type": "noul"} for i in range(5000)}), 422,
+                            ["body", "questions"]),
+        "body over the size limit": (with_(state="x" * 300_000), 413, None),
+        "Content-Length of a gigabyte": ({"content": b"{}", "headers": {"Content-Length": str(10**9)}}, 413, None),
+        "gzip body": ({"content": b"\x1f\x8b", "headers": {"Content-Encoding": "gzip"}}, 415, None),
+        "zstd body that is not zstd": ({"content": b"not zstd", "headers": {"Content-Encoding": "zstd"}}, 400, None),
+    }
+
+
+def test_every_refusal_is_json_and_names_the_field(served, case):
+    name, _, app = served
+    outcomes = {}
+    for label, (request, status, loc) in refused(name, case).items():
+        response = call(app, "POST", **request)
+        assert response.headers["content-type"] == "application/json", (label, response.text[:200])
+        detail = response.json()["detail"]
+        if loc is None:
+            outcomes[label] = (response.status_code, isinstance(detail, str) and bool(detail))
+        else:
+            assert all({"loc", "msg", "type"} <= set(item) and item["msg"] for item in detail), (label, detail)
+            outcomes[label] = (response.status_code, detail[0]["loc"][:len(loc)] == loc)
+    assert outcomes == {label: (status, True) for label, (_, status, _) in refused(name, case).items()}
+
+
+def test_other_methods_paths_and_a_stalled_body(served):
+    name, _, app = served
+    assert call(app, "PUT", json={"model": name}).status_code == 405
+    assert call(app, "DELETE", "/v1/models").status_code == 405
+    missing = call(app, "POST", "/v2/nope", json={"model": name})
+    assert missing.status_code == 404 and missing.json()["detail"]
+
+    async def stalling():  # a body's first byte, then nothing for longer than the read timeout
+        yield b"{"
+        await anyio.sleep(30)
+
+    slow = call(app, "POST", content=stalling())
+    assert slow.status_code == 408 and f"within {READ_TIMEOUT:g} s (1 of ? bytes came)" in slow.json()["detail"]
+
+
+def test_a_good_request_plain_zstd_and_unicode_is_answered_as_decide(served, case):
+    name, model, app = served
+    body = json.dumps(good(name, case)).encode()
+    assert_answers_as_decide(call(app, "POST", content=body), model, case)
+    packed = zstd.compress(body)
+    assert len(packed) < len(body)
+    assert_answers_as_decide(call(app, "POST", content=packed, headers={"Content-Encoding": "zstd"}), model, case)
+    truncated = call(app, "POST", content=packed[:len(packed) // 2], headers={"Content-Encoding": "zstd"})
+    assert truncated.status_code == 400 and "truncated" in truncated.json()["detail"]
+    bomb = zstd.compress(b'{"state": "' + b"x" * 10**7 + b'"}')  # 10 MB in a few hundred bytes
+    exploded = call(app, "POST", content=bomb, headers={"Content-Encoding": "zstd"})
+    assert len(bomb) < 1000 and exploded.status_code == 413
+    assert f"the limit is {Limits().max_body_bytes}" in exploded.json()["detail"]
+    unicode = {**good(name, case), "state": "Kunde: „Rückerstattung bitte“ — 返金してください 🙏 مرحبا"}
+    answered = call(app, "POST", content=json.dumps(unicode, ensure_ascii=False).encode())
+    assert answered.status_code == 200 and set(answered.json()["answers"]) == set(case.questions)
+
+
+def test_models_health_and_docs(served):
+    name, model, app = served
+    assert call(app, "GET", "/docs").status_code == 200
+    schemas = call(app, "GET", "/openapi.json").json()["components"]["schemas"]
+    assert {"SystemOneRequest", "SystemOneResponse", "ModelMetadataList"} <= set(schemas)
+    health = call(app, "GET", "/health").json()
+    assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_length
+    assert [m["name"] for m in call(app, "GET", "/v1/models").json()["models"]] == [name]
+
+
+def test_the_course_refusal_table_is_what_the_app_answers(served, case):
+    name, _, app = served
+    statuses, details = {}, {}
+    for label, (method, body) in serve_lab.bad_requests(good(name, case)).items():
+        response = call(app, method, content=body)
+        assert response.headers["content-type"] == "application/json", label
+        statuses[label], details[label] = response.status_code, str(response.json()["detail"])
+    expected = {"malformed JSON": 422, "unknown model": 422, "unknown question": 422, "state null": 422,
+                "body over the limit": 413, "PUT": 405}
+    assert {label: statuses[label] for label in expected} == expected
+    assert all(400 <= status < 500 for status in statuses.values()), statuses
+    assert "jev-latest" in details["unknown model"] and "colour" in details["unknown question"]
+
+
+def test_with_a_key_every_route_asks_for_it_in_json(quick_model, case):
+    path, model = quick_model
+    app = contract_app([path], api_key=KEY, models={path.name: model})
+    body = json.dumps(good(path.name, case)).encode()
+    for method, route, content in (("POST", ENDPOINT, body), ("GET", "/v1/models", None), ("GET", "/health", None),
+                                   ("GET", "/docs", None)):
+        response = call(app, method, route, content=content)
+        assert response.status_code == 401 and "Authorization" in response.json()["detail"], route
+        assert response.headers["www-authenticate"] == "Bearer"
+        response = call(app, method, route, content=content, headers={"Authorization": "Bearer another-key"})
+        assert response.status_code == 401 and "does not carry" in response.json()["detail"], route
+        response = call(app, method, route, content=content, headers={"Authorization": KEY})  # not as Bearer
+        assert response.status_code == 401, route
+    assert call(app, "GET", READINESS_PATH).status_code == 404  # past the key (LitServe adds the probe's route)
+    keyed = {"Authorization": f"Bearer {KEY}"}
+    assert [m["name"] for m in call(app, "GET", "/v1/models", headers=keyed).json()["models"]] == [path.name]
+    assert_answers_as_decide(call(app, "POST", content=body, headers=keyed), model, case)
+
+
+def test_a_bug_is_a_json_500_without_its_traceback(served, case, monkeypatch):
+    name, model, app = served
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret: the model's internals at /srv/private")
+
+    monkeypatch.setattr(model, "decide_many", broken)
+    response = call(app, "POST", json=good(name, case), raise_app_exceptions=False)
+    assert response.status_code == 500 and response.headers["content-type"] == "application/json"
+    assert response.json() == {"detail": "internal error (RuntimeError); the server log has the traceback"}
+    assert "secret" not in response.text and "Traceback" not in response.text
+
+
+def test_the_runs_and_the_models_given_must_match(quick_model):
+    path, model = quick_model
+    with pytest.raises(ValueError, match="pass one per run"):
+        contract_app([path], models={"another-name": model})
+
+
+def test_the_app_loads_its_runs_itself(quick_model):
+    """Given runs alone, contract_app loads each model (what a pipeline embedding the contract in its own ASGI app
+    does)."""
+    path, _ = quick_model
+    app = contract_app([path])
+    assert [m["name"] for m in call(app, "GET", "/v1/models").json()["models"]] == [path.name]

@@ -1,0 +1,87 @@
+"""Server settings test_serve.py does not start: batching off (``Batching(max_batch_size=1)``), a request timeout
+the model cannot meet (LitServe's 504), and two runs under one name (refused before anything is served). Two live
+servers, each started for its one test; the 500 handler is tested in process (test_contract_inprocess.py)."""
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from decisionkit.cli import main
+from decisionkit.contract import systemone
+from decisionkit.core import precision
+from decisionkit.core.precision import ANSWER_TOLERANCE
+from decisionkit.course.serve_lab import free_port, launch
+from decisionkit.model.saving import CONFIG_FILE
+from decisionkit.serving.app import ENDPOINT, catalog
+from decisionkit.serving.config import Batching, Limits
+
+TIMEOUT = 300.0  # seconds for an answer on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def cases(splits, quick_model):
+    """Three validation cases short enough for the quick model (longer states are refused)."""
+    _, model = quick_model
+    return [c for c in splits["validation"]
+            if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:3]
+
+
+def request(name: str, case) -> dict:
+    return {"model": name, "state": case.state, "questions": {q: x.to_json() for q, x in case.questions.items()}}
+
+
+def test_with_batching_off_concurrent_requests_are_answered_as_decide(quick_model, cases, tmp_path):
+    path, model = quick_model
+    answers: dict[int, httpx.Response] = {}
+
+    def ask(server, i: int) -> None:
+        answers[i] = httpx.post(server.url + ENDPOINT, json=request(path.name, cases[i % len(cases)]), timeout=TIMEOUT)
+
+    with launch([path], batching=Batching(max_batch_size=1), log=tmp_path / "serve.log") as server:
+        asking = [threading.Thread(target=ask, args=(server, i)) for i in range(2 * len(cases))]
+        for t in asking:  # more requests at once than one forward pass takes: they queue, one per pass
+            t.start()
+        for t in asking:
+            t.join()
+    tolerance = ANSWER_TOLERANCE[precision.choose().dtype]
+    for i, response in sorted(answers.items()):
+        case = cases[i % len(cases)]
+        assert response.status_code == 200, response.text
+        local = model.decide(case.state, request(path.name, case)["questions"])
+        assert systemone.disagreements(response.json()["answers"], local, tolerance) == [], i
+    assert len(answers) == 2 * len(cases)
+
+
+def test_a_request_the_model_cannot_answer_in_time_gets_a_json_504(quick_model, cases, tmp_path):
+    """``Limits.request_timeout`` is how long a request may wait for the inference worker; a microsecond is less
+    than the hop between LitServe's processes takes, so every request waits too long. (LitServe wants the batch
+    timeout below it: 0 with batching off.)"""
+    path, _ = quick_model
+    with launch([path], batching=Batching(max_batch_size=1, timeout=0.0), limits=Limits(request_timeout=1e-6),
+                log=tmp_path / "serve.log") as server:
+        late = httpx.post(server.url + ENDPOINT, json=request(path.name, cases[0]), timeout=TIMEOUT)
+        health = httpx.get(server.url + "/health", timeout=TIMEOUT)
+    assert late.status_code == 504 and late.headers["content-type"] == "application/json", late.text
+    assert late.json() == {"detail": "Request timed out"}
+    assert health.status_code == 200  # the HTTP side still answers what needs no model
+
+
+def test_two_runs_with_one_name_are_refused_at_start(tmp_path, capsys):
+    runs = []
+    for folder in ("a/run", "b/run", "c/other"):  # a saved model to catalog() is a folder with its config file
+        run = tmp_path / folder
+        run.mkdir(parents=True)
+        (run / CONFIG_FILE).write_text(json.dumps({}))
+        runs.append(run)
+    assert catalog([runs[0], runs[2]]) == {"run": runs[0], "other": runs[2]}
+    runs = runs[:2]
+    with pytest.raises(ValueError) as refused:
+        catalog(runs)
+    assert str(runs[0]) in str(refused.value) and str(runs[1]) in str(refused.value)
+    # the command says it and serves nothing (were it serving, main would not return)
+    assert main(["serve", *map(str, runs), "--port", str(free_port())]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("decisionkit: error: two models are named 'run'") and "Traceback" not in error
+    assert str(runs[0]) in error and str(runs[1]) in error
