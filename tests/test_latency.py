@@ -173,7 +173,7 @@ def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, 
     import copy
 
     from decisionkit.core.precision import Precision
-    from decisionkit.course.latency import speed_table
+    from decisionkit.course.speed import forward_flops, speed_table
     from decisionkit.data.metrics import score
 
     _, model = quick_model
@@ -192,7 +192,7 @@ def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, 
     # The floor: the same forward FLOPs over each dtype's measured matmul rate; int8 has no measured rate.
     floors, attrs = table["arithmetic floor ms"], table.attrs
     assert attrs["float32 matmul GFLOP/s"] > 0 and attrs["bfloat16 matmul GFLOP/s"] > 0
-    expected = latency.forward_flops(model.backbone, int(attrs["median tokens"])) / (
+    expected = forward_flops(model.backbone, int(attrs["median tokens"])) / (
         attrs["float32 matmul GFLOP/s"] * 1e9) * 1e3
     assert floors.iloc[0] == pytest.approx(expected)
     assert floors.iloc[1] / floors.iloc[0] == pytest.approx(

