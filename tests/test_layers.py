@@ -41,6 +41,12 @@ def modules() -> list[str]:
     return sorted(found)
 
 
+def source(module: str) -> Path:
+    """The file of a module dotted below ``decisionkit`` (a subpackage's ``__init__.py`` for the subpackage)."""
+    path = PACKAGE / (module.replace(".", "/") + ".py")
+    return path if path.exists() else PACKAGE / module.replace(".", "/") / "__init__.py"
+
+
 def unit(module: str) -> str:
     """The layer unit a module belongs to: its subpackage, or itself at the top level."""
     return module.split(".")[0]
@@ -49,10 +55,8 @@ def unit(module: str) -> str:
 def imported(module: str) -> set[str]:
     """The decisionkit modules ``module`` imports, anywhere in its source (``__init__`` for the package itself)."""
     names = set(modules())
-    path = PACKAGE / (module.replace(".", "/") + ".py")
-    is_package = not path.exists()
-    if is_package:
-        path = PACKAGE / module.replace(".", "/") / "__init__.py"
+    path = source(module)
+    is_package = path.name == "__init__.py" and module != "__init__"
     here = [] if module == "__init__" else module.split(".")[: None if is_package else -1]  # its package, dotted
     found = set()
 
@@ -164,3 +168,11 @@ def test_the_command_line_builds_its_parser_without_the_server_or_training():
     heavy = [m for m in loaded if m.split(".")[0] in ("litserve", "fastapi", "plotly")
              or m.startswith(("decisionkit.serving.app", "decisionkit.training.trainer", "decisionkit.course"))]
     assert not heavy, f"building the parser imports {heavy}"
+
+
+MAX_LINES = 400  # a module past this holds more than one concern: split it by concern
+
+
+def test_no_module_is_longer_than_one_concern_needs():
+    long = {m: n for m in modules() if (n := len(source(m).read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
