@@ -169,3 +169,21 @@ def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, ca
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
         log.close()
+
+
+WATCHDOG = """
+import multiprocessing, sys, time
+from decisionkit.serving import app
+child = multiprocessing.Process(target=time.sleep, args=(600,))
+child.start()
+print(child.pid, flush=True)
+app._end_after(0.5)  # what a shutdown stuck past its grace meets
+time.sleep(600)
+"""
+
+
+def test_a_shutdown_stuck_past_its_grace_kills_what_it_started():
+    process = subprocess.run([sys.executable, "-c", WATCHDOG], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 1 and "did not end within 0.5 s" in process.stderr
+    child = int(process.stdout.split()[0])
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
