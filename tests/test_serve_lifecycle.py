@@ -173,11 +173,11 @@ def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, ca
 
 WATCHDOG = """
 import multiprocessing, sys, time
-from decisionkit.serving import app
+from decisionkit.serving import shutdown
 child = multiprocessing.Process(target=time.sleep, args=(600,))
 child.start()
 print(child.pid, flush=True)
-app._end_after(0.5)  # what a shutdown stuck past its grace meets
+shutdown._end_after(0.5)  # what a shutdown stuck past its grace meets
 time.sleep(600)
 """
 

@@ -24,7 +24,7 @@ reach the port may call it: keep it on loopback.
 
 SIGTERM and SIGINT (Ctrl-C) shut the server down the same way, by LitServe's graceful shutdown: the requests in flight
 are answered, then every process LitServe started is stopped and joined (``tests/test_serve_lifecycle.py`` signals a
-live server). Without ``graceful_sigterm``, SIGTERM ended the main process alone and its workers kept serving.
+live server; ``shutdown.py``).
 
 Malformed HTTP and slow headers are answered by ``protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
 errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
@@ -35,13 +35,6 @@ it without LitServe, answering in the calling process (tests of the contract thr
 import datetime
 import hmac
 import json
-import multiprocessing
-import os
-import signal
-import sys
-import threading
-import time
-from contextlib import contextmanager
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -67,6 +60,7 @@ from ..model.decision_model import load
 from ..model.saving import CONFIG_FILE
 from .config import Batching, Limits
 from .protocol import json_errors_protocol
+from .shutdown import graceful_sigterm
 
 try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
     from compression import zstd
@@ -337,40 +331,6 @@ def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000,
     with graceful_sigterm():
         server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
                    http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)
-
-
-SHUTDOWN_GRACE = 30.0  # seconds a graceful shutdown may take before the processes it started are killed
-
-
-def _interrupted(signum, frame):
-    """SIGTERM or SIGINT: LitServe's graceful shutdown (KeyboardInterrupt), watched. Interrupted inside its wait on
-    the queue manager, that shutdown sometimes never ends (seen once in a full test run: the request in flight was
-    answered, then the server was still running 60 s later); past ``SHUTDOWN_GRACE`` the watchdog kills the
-    processes it started and ends this one."""
-    threading.Thread(target=_end_after, args=(SHUTDOWN_GRACE,), daemon=True).start()
-    raise KeyboardInterrupt
-
-
-def _end_after(seconds: float) -> None:
-    time.sleep(seconds)
-    print(f"decisionkit: the graceful shutdown did not end within {seconds:g} s; stopping its processes",
-          file=sys.stderr, flush=True)
-    for child in multiprocessing.active_children():
-        child.kill()
-    os._exit(1)
-
-
-@contextmanager
-def graceful_sigterm():
-    """SIGTERM handled as Ctrl-C is (KeyboardInterrupt, watched: ``_interrupted``), so that a supervisor's stop runs
-    the same shutdown, which stops every child process, instead of ending this process alone and leaving its
-    children serving."""
-    previous = {s: signal.signal(s, _interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 # ----- without LitServe -----------------------------------------------------------------------------------------------

@@ -27,8 +27,9 @@ from ..contract import systemone
 from ..contract.systemone import Prepared, SystemOneRequest, SystemOneResponse
 from ..core import settings
 from ..model.decision_model import load
-from .app import ENDPOINT, answer_request, catalog, graceful_sigterm, install
+from .app import ENDPOINT, answer_request, catalog, install
 from .config import Batching, Limits
+from .shutdown import graceful_sigterm
 
 APP_NAME = "decisionkit"
 
