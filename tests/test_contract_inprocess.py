@@ -15,6 +15,7 @@ from decisionkit.contract import systemone
 from decisionkit.core import precision
 from decisionkit.core.precision import ANSWER_TOLERANCE
 from decisionkit.course import serve_lab
+from decisionkit.data import questions
 from decisionkit.serving.app import ENDPOINT, READINESS_PATH, contract_app, zstd
 from decisionkit.serving.config import Limits
 
@@ -214,13 +215,33 @@ def test_with_a_key_every_route_asks_for_it_in_json(quick_model, case):
     assert_answers_as_decide(call(app, "POST", content=body, headers=keyed), model, case)
 
 
+def test_a_request_is_checked_and_tokenized_once(served, case, monkeypatch):
+    """The request's questions are validated when its body is parsed and read from there (the question model is not
+    run again); ``prepare`` tokenizes the rendered state to measure it, and the model reads those tokens as they are.
+    (Broken on purpose, respond through ``decide_many`` as before: the tokenizer ran twice and each question was
+    validated again.)"""
+    name, model, app = served
+    tokenized, validated = [], []
+    tokenizer = type(model.backbone.tokenizer)
+    monkeypatch.setattr(tokenizer, "__call__", lambda self, *a, real=tokenizer.__call__, **k:
+                        tokenized.append(a) or real(self, *a, **k))
+    monkeypatch.setattr(questions, "QUESTION", type("Counted", (), {"validate_python": lambda self, obj, real=
+                        questions.QUESTION: validated.append(obj) or real.validate_python(obj)})())
+    response = call(app, "POST", json=good(name, case))
+    assert response.status_code == 200, response.text
+    assert len(tokenized) == 1 and validated == []
+    assert response.json()["usage"]["input_tokens"] == len(model.backbone.tokenizer(case.text)["input_ids"])
+    monkeypatch.undo()
+    assert_answers_as_decide(response, model, case)
+
+
 def test_a_bug_is_a_json_500_without_its_traceback(served, case, monkeypatch):
     name, model, app = served
 
     def broken(*args, **kwargs):
         raise RuntimeError("secret: the model's internals at /srv/private")
 
-    monkeypatch.setattr(model, "decide_many", broken)
+    monkeypatch.setattr(model, "decide_checked", broken)
     response = call(app, "POST", json=good(name, case), raise_app_exceptions=False)
     assert response.status_code == 500 and response.headers["content-type"] == "application/json"
     assert response.json() == {"detail": "internal error (RuntimeError); the server log has the traceback"}

@@ -3,15 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from decisionkit.data.cases import (
-    NOUL_OPTIONS,
-    DataError,
-    Question,
-    load_typed_decisions,
-    read_jsonl,
-    render_state,
-    token_lengths,
-)
+from decisionkit.data.cases import load_typed_decisions, read_jsonl, render_state, token_lengths
+from decisionkit.data.questions import NOUL_OPTIONS, DataError, Question
 
 
 def test_split_sizes_and_workflows(splits):

@@ -111,7 +111,7 @@ def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, t
 
 
 def test_answer_shapes():
-    from decisionkit.data.cases import Question
+    from decisionkit.data.questions import Question
 
     score_q = Question("s", "score", "", ("0", "1", "2"), ("a", "b", "c"))
     out = answer(score_q, np.array([0.2, 0.3, 0.5]))

@@ -1,14 +1,9 @@
 """The System One contract: the wire format of ``POST /v1/systemone`` and ``GET /v1/models``.
 
 The pydantic models follow the official client's (``typesafe-sdk`` 0.7.5, ``typesafe_sdk/_schemas/models.py``)
-field for field. A request is ``{"model", "state", "questions": {name: question}, "assets"?}``, a question
-
-- noul:   ``{"type": "noul", "instructions"?, "criteria"?: {"true"?, "false"?}}``
-- choice: ``{"type": "choice", "instructions"?, "criteria": {option: description}}``
-- score:  ``{"type": "score", "instructions"?, "criteria": [level 0, level 1, ...]}``
-- box:    an image question; part of the contract, refused here (these models read text)
-
-and a response ``{"model", "answers": {name: answer}, "usage": {"input_tokens", "output_tokens"}}``, an answer
+field for field. A request is ``{"model", "state", "questions": {name: question}, "assets"?}``, each question a
+noul, choice or score question (box questions, about images, are refused) in the one question model that the data
+files share (``data/questions.py``), and a response ``{"model", "answers": {name: answer}, "usage": {"input_tokens", "output_tokens"}}``, an answer
 
 - noul:   ``{"type": "noul", "noul": P(true)}``
 - choice: ``{"type": "choice", "choice": top, "confidence", "probabilities": {option: p}}``
@@ -23,9 +18,10 @@ Unknown fields are refused, so a misspelt one is named instead of ignored. A ref
 ``{"detail": [{"loc", "msg", "type", "input"}]}``, ``loc`` naming the field.
 
 The rest of the module turns a request into model inputs and probabilities into answers: ``check`` (questions
-against the trained heads, the workflow), ``answer`` (one answer from a probability vector), ``prepare`` and
-``respond`` (a wire request through the model and back), used alike by ``DecisionModel.decide``, the
-``decisionkit decide`` command and the server.
+against the trained heads, the workflow) and ``checked`` (a ``Checked`` request: that, with the state rendered),
+``answer`` (one answer from a probability vector), ``prepare`` and ``respond`` (a wire request through the model and
+back: checked and tokenized once, in ``prepare``), used alike by ``DecisionModel.decide``, the ``decisionkit decide``
+command and the server.
 """
 
 from __future__ import annotations
@@ -35,53 +31,16 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from ..core.answer_fields import answer_confidence
-from ..data.cases import DataError, Question, render_state
+from ..data.cases import render_state
+from ..data.questions import AnyQuestion, Contract, InvalidQuestion, JSONText, Question
 
 MAX_STATE_DEPTH = 64  # typed-decisions states nest about 5 deep; far deeper is a mistake or an attack
-JSONText = str | dict[str, Any] | list[Any]  # what the contract allows for instructions and descriptions
-
-
-class Contract(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 # ----- requests ---------------------------------------------------------------------------------------------------
-class NoulCriteria(Contract):
-    true: JSONText | None = Field(None, description="What counts as a yes answer.")
-    false: JSONText | None = Field(None, description="What counts as a no answer.")
-
-
-class NoulQuestion(Contract):
-    type: Literal["noul"] = Field(description="Identifies a yes/no question or statement.")
-    instructions: JSONText | None = Field(None, description="The yes/no question or statement to evaluate.")
-    criteria: NoulCriteria | None = Field(None, description="Criteria clarifying what counts as a yes or no answer.")
-
-
-class ChoiceQuestion(Contract):
-    type: Literal["choice"] = Field(description="Identifies a question that selects one of the choices in criteria.")
-    instructions: JSONText | None = Field(None, description="What the model should decide when choosing an option.")
-    criteria: dict[str, JSONText | None] = Field(description="Choice names and descriptions of when each applies.")
-
-
-class ScoreQuestion(Contract):
-    type: Literal["score"] = Field(description="Identifies a question that rates the content using the levels in "
-                                               "criteria.")
-    instructions: JSONText | None = Field(None, description="What the model should rate.")
-    criteria: list[JSONText] = Field(min_length=1, description="Ordered descriptions of the score levels, from 0.")
-
-
-class BoxQuestion(Contract):
-    type: Literal["box"] = Field(description="Identifies a box question (images; not answered by text models).")
-    instructions: JSONText | None = Field(None, description="What to locate in the image.")
-
-
-AnyQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion | BoxQuestion, Field(discriminator="type")]
-QUESTION = TypeAdapter(AnyQuestion)
-
-
 class Asset(Contract):
     type: Literal["image"] | None = Field(None, description="Identifies an image asset.")
     format: Literal["png", "jpg", "jpeg"] | None = Field(None, description="The image format, with data_base64.")
@@ -214,24 +173,12 @@ class QuestionError(ValueError):
 
 
 def question(name: str, asked: Any) -> Question:
-    """A System One question (a request's JSON) as a typed ``Question``."""
+    """A System One question (a request's JSON, or the pydantic model it was parsed into) as a typed ``Question``;
+    a QuestionError names the field."""
     try:
-        parsed = QUESTION.validate_python(asked)
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        tag = asked.get("type") if isinstance(asked, dict) else None
-        inner = first["loc"][1:] if first["loc"][:1] == (tag,) else first["loc"]  # without the union's tag
-        loc = ("questions", name, *inner)
-        raise QuestionError(f"field '{'.'.join(map(str, loc))}': {first['msg']}", loc, first["type"],
-                            first.get("input")) from None
-    if parsed.type == "box":
-        raise QuestionError(f"question {name!r}: box questions locate things in images; this model reads text and "
-                            "answers noul, choice and score questions", ("questions", name, "type"), "unsupported",
-                            "box")
-    try:
-        return Question.from_json(name, parsed.model_dump(exclude_none=True), "request")
-    except DataError as err:
-        raise QuestionError(str(err), ("questions", name, "criteria")) from None
+        return Question.parse(name, asked)
+    except InvalidQuestion as err:
+        raise QuestionError(str(err), err.loc, err.kind, err.given) from None
 
 
 def workflow_for(schema: Mapping[str, Mapping[str, Question]], questions: Mapping | None, workflow: str | None) -> str:
@@ -338,12 +285,36 @@ def answer_table(answers: Mapping[str, dict]):
 
 # ----- a wire request through a model -------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Checked:
+    """A request checked against a model's heads (``checked``): the state, its workflow, the questions asked, and
+    the state rendered for that workflow (what the backbone reads)."""
+
+    state: Any
+    workflow: str
+    questions: dict[str, Question]
+    text: str
+
+
+def checked(schema: Mapping[str, Mapping[str, Question]], state: Any, questions: Mapping | None = None,
+            workflow: str | None = None) -> Checked:
+    """``check`` a request's questions and workflow, and render its state: what ``DecisionModel.decide_checked``
+    answers."""
+    workflow, asked = check(schema, questions, workflow)
+    return Checked(state, workflow, asked, render_state(state, workflow))
+
+
+@dataclass(frozen=True)
 class Prepared:
-    """A request that passed every check: which model, ``decide``'s arguments, and the tokens it reads."""
+    """A request that passed every check: which model, the request checked, and the tokens of its rendered state
+    (the model reads them as they are: no second tokenization)."""
 
     model: str
-    request: dict
-    input_tokens: int
+    checked: Checked
+    input_ids: tuple[int, ...]
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -354,9 +325,9 @@ class Refusal:
 
 
 def prepare(models: Mapping[str, Any], request: SystemOneRequest) -> Prepared | Refusal:
-    """Check ``request`` against the model it names (one of ``models``: name -> DecisionModel): the questions, the
-    workflow, the rendered state's length. Returns a Refusal rather than raising, so that a batch of requests
-    never fails for one bad one."""
+    """Check ``request`` against the model it names (one of ``models``: name -> DecisionModel): the questions (as
+    the request parsed them: validated once), the workflow, the rendered state's length in tokens. Returns a Refusal
+    rather than raising, so that a batch of requests never fails for one bad one."""
     try:
         if request.model not in models:
             raise QuestionError(f"model {request.model!r} is not served here; GET /v1/models lists {sorted(models)}",
@@ -365,15 +336,14 @@ def prepare(models: Mapping[str, Any], request: SystemOneRequest) -> Prepared | 
             raise QuestionError("this model reads text only; image assets need a vision-language model",
                                 ("assets",), "unsupported", sorted(request.assets))
         model = models[request.model]
-        questions = {name: q.model_dump(exclude_none=True) for name, q in request.questions.items()}
-        workflow, _ = check(model.schema, questions, request.workflow)
-        tokens = len(model.backbone.tokenizer(render_state(request.state, workflow))["input_ids"])
-        if tokens > model.spec.max_length:
-            raise QuestionError(f"field 'state' is {tokens} tokens once rendered; the model reads at most "
-                                f"{model.spec.max_length}", ("state",), "too_long", tokens)
+        item = checked(model.schema, request.state, request.questions, request.workflow)
+        ids = tuple(model.backbone.tokenizer(item.text)["input_ids"])
+        if len(ids) > model.spec.max_length:
+            raise QuestionError(f"field 'state' is {len(ids)} tokens once rendered; the model reads at most "
+                                f"{model.spec.max_length}", ("state",), "too_long", len(ids))
     except QuestionError as err:
         return Refusal([err.detail()])
-    return Prepared(request.model, {"state": request.state, "questions": questions, "workflow": workflow}, tokens)
+    return Prepared(request.model, item, ids)
 
 
 def respond(models: Mapping[str, Any], items: Sequence[Prepared | Refusal]) -> list[dict | Refusal]:
@@ -384,7 +354,8 @@ def respond(models: Mapping[str, Any], items: Sequence[Prepared | Refusal]) -> l
         rows = [i for i, item in enumerate(items) if isinstance(item, Prepared) and item.model == name]
         if not rows:
             continue
-        results = model.decide_many([items[i].request for i in rows], route=model.router is not None)
+        results = model.decide_checked([items[i].checked for i in rows], route=model.router is not None,
+                                       input_ids=[items[i].input_ids for i in rows])
         for i, result in zip(rows, results):
             body = {"model": name, "answers": result["answers"] if model.router is not None else result,
                     "usage": {"input_tokens": items[i].input_tokens, "output_tokens": 0}}

@@ -45,7 +45,8 @@ from transformers.generation.streamers import BaseStreamer
 
 from ..core import settings
 from ..core.environment import synchronize
-from ..data.cases import Case, Question, Split
+from ..data.cases import Case, Split
+from ..data.questions import Question
 from .latency import Timing, tail_percentile, time_calls
 
 SYSTEM = ("You read a workflow state and answer every question about it. Reply with one JSON object only, "

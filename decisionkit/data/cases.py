@@ -27,84 +27,15 @@ import numpy as np
 import pandas as pd
 
 from ..core import settings
+from .questions import QUESTION_TYPES, DataError, Question
 
 HUB_ID = "LocalLLaMA/typed-decisions"  # the public benchmark on the Hugging Face hub
 HUB_CONFIG = "all"  # the config holding all four workflows
-QUESTION_TYPES = ("noul", "choice", "score")
-NOUL_OPTIONS = ("false", "true")
 SPLITS = ("train", "validation", "test")
 VALIDATION_PER_WORKFLOW = 20  # 4 workflows x 20 = the 80-case validation split
 DEV_PER_WORKFLOW = 40  # 4 x 40 = a 160-case dev slice of train: 800 decisions rank close variants (80 cases cannot)
 RENDER_VERSION = "compact-json-v1"  # bump when render_state changes: cached features depend on it
 PROBABILITY_TOLERANCE = 1e-3  # gold maps are 6-decimal means of three samples; they sum to 1 within 2e-5
-
-
-class DataError(ValueError):
-    """Input that does not follow the typed-decisions schema; the message names the place and the field."""
-
-
-@dataclass(frozen=True)
-class Question:
-    """One typed question: its answer keys (``options``) in order, with a description for each."""
-
-    id: str
-    type: str
-    instructions: str
-    options: tuple[str, ...]
-    descriptions: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, qid: str, obj: Any, where: str = "question") -> "Question":
-        """Parse a System One question (``type``, ``instructions``, ``criteria``)."""
-        if not isinstance(obj, dict):
-            raise DataError(f"{where}: field 'questions.{qid}' must be an object, got {type(obj).__name__}")
-        qtype = obj.get("type")
-        if qtype not in QUESTION_TYPES:
-            raise DataError(
-                f"{where}: field 'questions.{qid}.type' is {qtype!r}; expected one of {', '.join(QUESTION_TYPES)}"
-            )
-        criteria = obj.get("criteria")
-        name = f"questions.{qid}.criteria"
-        if qtype == "noul":
-            if criteria is None:
-                descriptions = ("", "")
-            elif isinstance(criteria, dict) and set(criteria) <= set(NOUL_OPTIONS):
-                descriptions = tuple(_text(criteria.get(k)) for k in NOUL_OPTIONS)
-            else:
-                raise DataError(f"{where}: field '{name}' of a noul question may only have the keys false, true")
-            options = NOUL_OPTIONS
-        elif qtype == "choice":
-            if not isinstance(criteria, dict) or len(criteria) < 2:
-                raise DataError(f"{where}: field '{name}' of a choice question must map two or more option names to descriptions")
-            options = tuple(criteria)
-            descriptions = tuple(_text(v) for v in criteria.values())
-        else:
-            if not isinstance(criteria, list) or len(criteria) < 2:
-                raise DataError(
-                    f"{where}: field '{name}' of a score question must list its levels, lowest first "
-                    f"(two or more); got {criteria!r}"
-                )
-            options = tuple(str(i) for i in range(len(criteria)))
-            descriptions = tuple(_text(v) for v in criteria)
-        return cls(qid, qtype, str(obj.get("instructions", "")), options, descriptions)
-
-    def to_json(self) -> dict:
-        """The question in the System One request shape."""
-        if self.type == "choice":
-            criteria: Any = dict(zip(self.options, self.descriptions))
-        elif self.type == "score":
-            criteria = list(self.descriptions)
-        else:
-            criteria = dict(zip(self.options, self.descriptions)) if any(self.descriptions) else None
-        out = {"type": self.type, "instructions": self.instructions}
-        if criteria is not None:
-            out["criteria"] = criteria
-        return out
-
-
-def _text(description: Any) -> str:
-    """A criterion's description as text; a choice named without one has an empty description."""
-    return "" if description is None else str(description)
 
 
 def probability_vector(question: Question, probs: dict, where: str, field: str) -> np.ndarray:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .cases import Case, DataError, Gold, Question, Split, jsonl_rows, probability_vector
+from .cases import Case, Gold, Split, jsonl_rows, probability_vector
+from .questions import DataError, Question
 
 # The project's own scenario folders, as package data (pyproject.toml lists them) so a wheel install finds them.
 DATA_DIR = Path(str(files("decisionkit") / "scenario_data"))

@@ -38,11 +38,12 @@ import torch
 from torch import nn
 
 from ..contract import systemone
-from ..data.cases import QUESTION_TYPES, Question, Split, render_state
+from ..data.cases import Split
+from ..data.questions import QUESTION_TYPES, Question
 from . import features, saving
 from .backbone import Backbone, LoraSettings, load_backbone
 from .engines import add_lora
-from .features import FeatureSpec, hidden_states, standardization, tokenize
+from .features import FeatureSpec, hidden_states, pad, standardization, tokenize
 from .fitting import HeadRecipe
 from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, ungroup
 from .pooling import pool_layers
@@ -221,19 +222,18 @@ class DecisionModel(nn.Module):
         """The probabilities of ``outputs``."""
         return self.outputs(cases, raw)[0]
 
-    def _answers(self, logits: dict[str, torch.Tensor], workflow: str, questions: dict[str, Question],
-                 weight: float) -> dict[str, dict]:
-        """System One answers to ``questions`` from one input's logits (``DecisionOutput.per_case``)."""
-        parts = self.answer_parts({qid: logits[qid] for qid in questions}, workflow, weight)
-        return {qid: systemone.answer(q, *parts[qid]) for qid, q in questions.items()}
+    def _answers(self, logits: dict[str, torch.Tensor], item: systemone.Checked, weight: float) -> dict[str, dict]:
+        """System One answers to a checked request's questions from one input's logits (``DecisionOutput.per_case``)."""
+        parts = self.answer_parts({qid: logits[qid] for qid in item.questions}, item.workflow, weight)
+        return {qid: systemone.answer(q, *parts[qid]) for qid, q in item.questions.items()}
 
     def _read(self, state: Any, questions: dict | None, workflow: str | None, every: bool = False):
         """The output for one state (every trained question of its workflow with ``every``, as the router scores
-        them; else the asked ones), its workflow and the asked questions."""
-        workflow, asked = systemone.check(self.schema, questions, workflow)
-        output = self(**self.tokenize([render_state(state, workflow)]), workflows=[workflow],
-                      questions=None if every else list(asked), states=[state])
-        return output, workflow, asked
+        them; else the asked ones) and the request checked."""
+        item = systemone.checked(self.schema, state, questions, workflow)
+        output = self(**self.tokenize([item.text]), workflows=[item.workflow],
+                      questions=None if every else list(item.questions), states=[state])
+        return output, item
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
@@ -242,8 +242,8 @@ class DecisionModel(nn.Module):
         the answers are distance-aware (``answer_parts``); ``raw=True`` gives the calibrated heads alone. A state
         longer than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it
         instead (422 on field 'state'), since a client cannot see the cut."""
-        output, workflow, asked = self._read(state, questions, workflow)
-        return self._answers(output.per_case()[0], workflow, asked, self.heads_weights(output, raw)[0])
+        output, item = self._read(state, questions, workflow)
+        return self._answers(output.per_case()[0], item, self.heads_weights(output, raw)[0])
 
     @torch.inference_mode()
     def route(self, state: Any, questions: dict | None = None, workflow: str | None = None,
@@ -252,10 +252,10 @@ class DecisionModel(nn.Module):
         The scores cover every trained question of the workflow, as when the threshold was set; the verdict does
         not depend on ``raw``, which only changes the answers shown."""
         self._require_router()
-        output, workflow, asked = self._read(state, questions, workflow, every=True)
+        output, item = self._read(state, questions, workflow, every=True)
         scores = self.router.scores(self, output).iloc[0]  # its "in-domain" column is the answers' weight
         weight = 1.0 if raw else float(scores["in-domain"])
-        return self._routed(scores, self._answers(output.per_case()[0], workflow, asked, weight))
+        return self._routed(scores, self._answers(output.per_case()[0], item, weight))
 
     def _require_router(self) -> None:
         if self.router is None:
@@ -267,7 +267,6 @@ class DecisionModel(nn.Module):
         scores = scores.to_dict()
         return {"answers": answers, **self.router.verdict(scores), "scores": {k: float(v) for k, v in scores.items()}}
 
-    @torch.inference_mode()
     def decide_many(self, requests: Sequence[dict], batch_size: int = 16, route: bool = False) -> list[dict]:
         """``decide`` for many requests (each ``{"state", "questions"?, "workflow"?}``), or ``route`` with
         ``route=True``: states of similar length share one padded forward pass, ``batch_size`` at a time. Each
@@ -275,22 +274,30 @@ class DecisionModel(nn.Module):
         dtype: 1e-5 on every probability and confidence in float32 (padding changes only the sums' order), 0.02 in
         bfloat16, whose CPU kernels depend on the batch's shape; a choice or score changes only where its top two
         options lie within twice that (``systemone.disagreements`` checks it)."""
+        return self.decide_checked([systemone.checked(self.schema, r["state"], r.get("questions"), r.get("workflow"))
+                                    for r in requests], batch_size, route)
+
+    @torch.inference_mode()
+    def decide_checked(self, items: Sequence[systemone.Checked], batch_size: int = 16, route: bool = False,
+                       input_ids: Sequence[Sequence[int]] | None = None) -> list[dict]:
+        """``decide_many`` for requests checked already (``systemone.checked``); ``input_ids``: their rendered
+        states tokenized already, each within ``spec.max_length`` (the server's, from ``systemone.prepare``), read
+        as they are."""
         if route:
             self._require_router()
-        checked = [systemone.check(self.schema, r.get("questions"), r.get("workflow")) for r in requests]
-        texts = [render_state(r["state"], workflow) for r, (workflow, _) in zip(requests, checked)]
-        order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
-        results: list[dict | None] = [None] * len(texts)
-        for lo in range(0, len(texts), batch_size):
+        order = np.argsort([len(item.text) for item in items], kind="stable")  # similar lengths: less padding
+        results: list[dict | None] = [None] * len(items)
+        for lo in range(0, len(items), batch_size):
             rows = order[lo:lo + batch_size]
-            output = self(**self.tokenize([texts[i] for i in rows]), workflows=[checked[i][0] for i in rows],
-                          states=[requests[i]["state"] for i in rows])
+            batch = (self.tokenize([items[i].text for i in rows]) if input_ids is None
+                     else pad(self.backbone, [input_ids[i] for i in rows]))
+            output = self(**batch, workflows=[items[i].workflow for i in rows], states=[items[i].state for i in rows])
             scores = self.router.scores(self, output) if route else None
             # with a router's scores at hand, their "in-domain" column is the weight: no second distance computation
             weights = scores["in-domain"].to_numpy() if route else self.heads_weights(output)
             logits = output.per_case()
             for j, i in enumerate(rows):
-                answers = self._answers(logits[j], *checked[i], weights[j])
+                answers = self._answers(logits[j], items[i], weights[j])
                 results[i] = self._routed(scores.iloc[j], answers) if route else answers
         return results
 

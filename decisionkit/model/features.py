@@ -93,6 +93,14 @@ def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT
     return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
 
 
+def pad(backbone: Backbone, input_ids: Sequence[Sequence[int]], padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """``tokenize``'s output for texts tokenized already (each within the length the model reads): the rows padded
+    into one batch, with their attention mask."""
+    batch = backbone.tokenizer.pad({"input_ids": [list(ids) for ids in input_ids]}, padding=True,
+                                   padding_side=padding_side, return_tensors="pt")
+    return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
+
+
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Every layer's hidden states for a tokenized batch, in the backbone's compute dtype, returned as float32
     (gradients flow: training uses this too). Under bfloat16 the frozen weights are the copies cast once per process

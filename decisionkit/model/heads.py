@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.cases import Question, Split
+from ..data.cases import Split
+from ..data.questions import Question
 
 
 def head_key(workflow: str, qid: str) -> str:

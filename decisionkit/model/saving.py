@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 
 from .._version import __version__
 from ..core.atomic import atomic_folder
-from ..data.cases import RENDER_VERSION, Question
+from ..data.cases import RENDER_VERSION
+from ..data.questions import Question
 from .backbone import LoraSettings, QuantSettings
 from .checksums import weights_sha256
 from .fitting import HeadRecipe

@@ -32,7 +32,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core import settings
-from ..data.cases import Question, Split
+from ..data.cases import Split
+from ..data.questions import Question
 from .features import DEFAULT_MAX_LENGTH, TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
 from .heads import decision_loss, group_rows, head_key, targets, ungroup

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..data.cases import QUESTION_TYPES, Split
+from ..data.cases import Split
 from ..data.metrics import Scores, expected_calibration_error, paired_difference, reliability_bins, score
+from ..data.questions import QUESTION_TYPES
 from .temperature import (
     BOUNDS,
     CALIBRATION_FOLDS,

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize_scalar
 
-from ..data.cases import QUESTION_TYPES, Split
+from ..data.cases import Split
 from ..data.metrics import Scores, expected_calibration_error, score
+from ..data.questions import QUESTION_TYPES
 from ..model.fitting import cross_fit, fold_assignment
 from ..model.heads import calibrated, targets
 

@@ -15,7 +15,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core import settings
-from ..data.cases import Question, Split
+from ..data.cases import Split
+from ..data.questions import Question
 from ..model.backbone import Backbone
 
 SYSTEM = "You read a workflow state and answer one question about it with the letter of the best option."
