@@ -31,6 +31,7 @@ from decisionkit.data.cases import DEV_PER_WORKFLOW, dev_slice
 from decisionkit.data.metrics import score
 from decisionkit.model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from decisionkit.model.heads import HeadSet
+from decisionkit.model.output import read
 from decisionkit.model.structured import mix_weights, mixed
 from decisionkit.training.trainer import part_scores
 
@@ -80,14 +81,12 @@ def joint_head(model, train, test, preset, folds: int = STRUCTURED_FOLDS):
     joint_model.structured = None
     joint_model.head_recipe = fit.recipe
     with torch.no_grad():
-        joint = _probabilities(joint_model.read(joint_test, test.case_workflows, heads=heads))
+        joint = _probabilities(read(model.schema, heads, None, joint_test, test.case_workflows))
     # out of fold on train: joint heads and trees fitted on the other folds, for the mixing weights
     oof_joint, oof_trees = [None] * len(train), [None] * len(train)
     for fold in cross_fit(joint_model, train, joint_train, folds, structured=True):
         held = [train[i] for i in fold.held]
-        with torch.no_grad():
-            found = _probabilities(joint_model.read(joint_train[fold.held], [c.workflow for c in held],
-                                                    heads=fold.heads))
+        found = _probabilities(fold.read(joint_train[fold.held], [c.workflow for c in held], trees=False))
         for i, p in zip(fold.held, found):
             oof_joint[i] = p
             oof_trees[i] = {q: v[0] for q, v in fold.structured.probabilities([train[i].state], train[i].workflow,

@@ -111,8 +111,8 @@ def test_cross_fitted_models_never_saw_the_cases_they_score(quick_model, splits)
     assert all(not set(f.held) & set(f.inside) for f in folds)
 
     def loss(fold, rows):
-        return model.read(x[rows], [train[i].workflow for i in rows], targets(train, list(rows)), heads=fold.heads,
-                          states=[train[i].state for i in rows], structured=fold.structured).loss.item()
+        return fold.read(x[rows], [train[i].workflow for i in rows], targets(train, list(rows)),
+                         states=[train[i].state for i in rows]).loss.item()
 
     assert np.mean([loss(f, f.held) for f in folds]) > np.mean([loss(f, f.inside) for f in folds])
     for (output, density), fold in zip(_cross_fitted(model, train, x, folds=4), folds):

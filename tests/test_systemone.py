@@ -7,7 +7,6 @@ from pydantic import ValidationError
 from typesafe_sdk._schemas import models as wire
 
 from decisionkit.contract import systemone
-from decisionkit.data import questions
 from decisionkit.contract.systemone import (
     QuestionError,
     Refusal,
@@ -18,6 +17,7 @@ from decisionkit.contract.systemone import (
     prepare,
     respond,
 )
+from decisionkit.data import questions
 from decisionkit.data.questions import Question
 
 # Our model -> the official SDK's generated model of the same wire object.

@@ -19,10 +19,10 @@ import torch
 
 from ..data.cases import Split
 from ..data.metrics import Scores, score
-from ..model.decision_model import DecisionOutput
 from ..model.features import Features, TokenStates, extract_features, standardization
 from ..model.fitting import fit_heads
 from ..model.heads import HeadSet, calibrated, group_rows
+from ..model.output import DecisionOutput
 from ..model.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question

@@ -25,6 +25,7 @@ from ..data.metrics import score
 from ..model.features import standardization
 from ..model.fitting import refit_heads
 from ..model.heads import HeadSet
+from ..model.output import read
 
 
 def _computing_in(dtype: str):
@@ -152,8 +153,9 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
             with torch.inference_mode(False), torch.enable_grad():  # a short full-batch fit, outside inference mode
                 heads = HeadSet(base.schema, pooled.shape[1])
                 refit_heads(heads, train, ((train_pooled - mean) / std).clone(), base.head_recipe)
-        overall = score(cases, *base.readout(base.read((pooled - mean) / std, cases.case_workflows, heads=heads,
-                                                       states=cases.states))).overall()
+        output = read(base.schema, heads, base.structured, (pooled - mean) / std, cases.case_workflows,
+                      states=cases.states)
+        overall = score(cases, *base.readout(output)).overall()
         per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
         length = tokens if base is model else median_tokens(base)
         floor = forward_flops(base.backbone, int(length)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3

@@ -28,7 +28,6 @@ formats each answer). Saving and loading is ``saving.py``; its features of a who
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,27 +44,10 @@ from .backbone import Backbone, LoraSettings, load_backbone
 from .engines import add_lora
 from .features import FeatureSpec, hidden_states, pad, standardization, tokenize
 from .fitting import HeadRecipe
-from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, ungroup
+from .heads import HeadSet, Targets, calibrated
+from .output import DecisionOutput, read
 from .pooling import pool_layers
 from .structured import StructuredPart
-
-
-@dataclass
-class DecisionOutput:
-    """What one pass of a ``DecisionModel`` gives, in the manner of transformers' ``SequenceClassifierOutput``:
-    the pooled features, the logits of every question and, when targets were given, the loss. Everything that reads
-    the heads (training, calibration, routing, answers) reads this."""
-
-    features: torch.Tensor  # (inputs, dim): the standardized pooled vector the heads read
-    workflows: list[str]  # each input's workflow
-    logits: dict[str, dict[str, torch.Tensor]]  # workflow -> question -> (that workflow's inputs, options)
-    rows: dict[str, list[int]]  # workflow -> which inputs its logits belong to (``heads.group_rows``)
-    loss: torch.Tensor | None = None  # soft-gold cross-entropy per decision, when targets were given
-    surprise: np.ndarray | None = None  # a hybrid's: per input, the share of field checks that fail (fields.py)
-
-    def per_case(self) -> list[dict[str, torch.Tensor]]:
-        """The logits by input: question id -> logits, in input order (``heads.ungroup``)."""
-        return ungroup(self.logits, self.rows, len(self.workflows))
 
 
 class DecisionModel(nn.Module):
@@ -115,22 +97,11 @@ class DecisionModel(nn.Module):
         return self.read(features, workflows, target, ordinal, questions, states=states)
 
     def read(self, features: torch.Tensor, workflows: Sequence[str], target: Targets | None = None,
-             ordinal: float = 0.0, questions: Sequence[str] | None = None, heads: HeadSet | None = None,
-             states: Sequence[Any] | None = None, structured: StructuredPart | None = None) -> DecisionOutput:
-        """The heads (the model's, or ``heads``) on standardized ``features``, one row per input of ``workflows``;
-        ``questions``: only these (one workflow). A hybrid model averages them with its trees (or ``structured``'s)
-        on the fields of ``states``."""
-        heads = self.heads if heads is None else heads
-        structured = self.structured if structured is None else structured
-        rows = group_rows(list(workflows))
-        logits = heads.read(features, rows, questions)
-        surprise = None
-        if structured is not None:
-            if states is None or len(states) != len(workflows):
-                raise ValueError("this hybrid model reads each input's state fields too: pass states, one per input")
-            logits, surprise = structured.mix(logits, states, rows)
-        loss = None if target is None else decision_loss(self.schema, logits, target, ordinal)
-        return DecisionOutput(features, list(workflows), logits, rows, loss, surprise)
+             ordinal: float = 0.0, questions: Sequence[str] | None = None,
+             states: Sequence[Any] | None = None) -> DecisionOutput:
+        """The heads on standardized ``features``, one row per input of ``workflows``; ``questions``: only these (one
+        workflow). A hybrid model averages them with its trees on the fields of ``states`` (``output.read``)."""
+        return read(self.schema, self.heads, self.structured, features, workflows, target, ordinal, questions, states)
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward`` before the heads: the backbone, the pooling and the standardization (timed apart in the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from ..core import settings
 from ..data.cases import Split
 from .features import standardization
 from .heads import HeadSet, Targets, calibrated, decision_loss, group_rows, targets, ungroup, weight_norm
+from .output import DecisionOutput, read
 from .structured import StructuredPart, blend, part_weights
 from .trees import TREE_ROUNDS
 
@@ -171,12 +173,21 @@ def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUC
 @dataclass
 class Fold:
     """One fold of a cross-fit: the positions its models were fitted on and the ones they score, the heads (and
-    the hybrid's trees, when asked) fitted on the rest."""
+    the hybrid's trees, when asked) fitted on the rest. It reads features itself (``read``), as the model does."""
 
     inside: np.ndarray
     held: np.ndarray
+    schema: dict
     heads: HeadSet
     structured: StructuredPart | None
+
+    @torch.no_grad()
+    def read(self, features: torch.Tensor, workflows: Sequence[str], target: Targets | None = None,
+             states: Sequence[Any] | None = None, trees: bool = True) -> DecisionOutput:
+        """This fold's heads (and trees; ``trees=False``: the heads alone) on standardized ``features`` of its
+        held-out cases (``output.read``)."""
+        return read(self.schema, self.heads, self.structured if trees else None, features, workflows, target,
+                    states=states)
 
 
 def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False,
@@ -193,4 +204,5 @@ def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structure
         rest = Split(f"{cases.name} - fold {k}", [cases[i] for i in inside], cases.source)
         heads = HeadSet(model.schema, features.shape[1]).to(features.device)
         refit_heads(heads, rest, features[inside], model.head_recipe)
-        yield Fold(inside, held, heads.eval(), StructuredPart.fit(rest, weights, rounds=rounds) if structured else None)
+        yield Fold(inside, held, model.schema, heads.eval(),
+                   StructuredPart.fit(rest, weights, rounds=rounds) if structured else None)

@@ -169,9 +169,8 @@ def _cross_fitted(model, train: Split, features: torch.Tensor, folds: int):
         held = [train[i] for i in fold.held]
         density = FeatureDensity.fit(features[fold.inside].cpu().double().numpy(),
                                      [train[i].workflow for i in fold.inside])
-        with torch.no_grad():
-            output = model.read(features[fold.held], [c.workflow for c in held], targets(train, list(fold.held)),
-                                heads=fold.heads, states=[c.state for c in held], structured=fold.structured)
+        output = fold.read(features[fold.held], [c.workflow for c in held], targets(train, list(fold.held)),
+                           states=[c.state for c in held])
         yield output, density
 
 

@@ -128,9 +128,7 @@ def out_of_fold_logits(model, train: Split, folds: int = CALIBRATION_FOLDS) -> D
     parts = []
     for fold in cross_fit(model, train, features, folds, structured=model.structured is not None):
         held = Split(train.name, [train[i] for i in fold.held], train.source)
-        with torch.no_grad():
-            output = model.read(features[fold.held], held.case_workflows, heads=fold.heads, states=held.states,
-                                structured=fold.structured)
+        output = fold.read(features[fold.held], held.case_workflows, states=held.states)
         parts.append(_from_output(model, held, output))
     return DecisionLogits.joined(parts, f"{train.name} (out of fold)")
 

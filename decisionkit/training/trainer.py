@@ -33,9 +33,10 @@ from ..core.environment import peak_rss_gb, synchronize
 from ..data.cases import Split, dev_slice, load_typed_decisions
 from ..data.metrics import Scores, score
 from ..model.backbone import load_backbone
-from ..model.decision_model import DecisionModel, DecisionOutput, load
+from ..model.decision_model import DecisionModel, load
 from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from ..model.heads import group_rows
+from ..model.output import DecisionOutput
 from ..model.saving import HISTORY_FILE
 from ..model.structured import StructuredPart, mix_weights, mixed
 from ..model.trees import TREE_ROUNDS
@@ -75,8 +76,7 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
     trees: list[dict] = [{} for _ in cases]
     for fold in cross_fit(model, cases, features, folds, structured=True, rounds=rounds):
         held = [cases[i] for i in fold.held]
-        with torch.no_grad():
-            output = model.read(features[fold.held], [c.workflow for c in held], heads=fold.heads)
+        output = fold.read(features[fold.held], [c.workflow for c in held], trees=False)
         for i, logits in zip(fold.held, output.per_case()):
             heads[i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
         for i, answers in zip(fold.held, fold.structured.answers(Split("held", held, cases.source))):
