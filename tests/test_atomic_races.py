@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from decisionkit.core.atomic import atomic_folder
 from decisionkit.model import saving
+from decisionkit.model.heads import Temperatures
 
 FILES = ("a.txt", "b.txt", "inner/c.txt")
 
@@ -153,7 +154,7 @@ def test_processes_saving_one_folder_at_once_end_with_one_whole_version(tmp_path
 def test_two_models_saved_into_one_folder_at_once_leave_one_whole_model(quick_model, tmp_path, monkeypatch):
     _, model = quick_model
     other = copy.copy(model)  # the same weights, other temperatures: a different decisionkit.json
-    other.temperatures = {kind: t + 1.0 for kind, t in model.temperatures.items()}
+    other.temperatures = Temperatures({kind: t + 1.0 for kind, t in model.temperatures.probabilities.items()})
     path, written, errors = tmp_path / "run", threading.Barrier(2, timeout=60), []
     model.save(path)  # a model there already: each save moves one aside
 
@@ -179,8 +180,8 @@ def test_two_models_saved_into_one_folder_at_once_leave_one_whole_model(quick_mo
     for t in threads:
         t.join()
     assert errors == []
-    assert json.loads((path / saving.CONFIG_FILE).read_text())["temperatures"] in (model.temperatures,
-                                                                                  other.temperatures)
+    assert json.loads((path / saving.CONFIG_FILE).read_text())["temperatures"] in (
+        model.temperatures.probabilities, other.temperatures.probabilities)
     heads = load_file(str(path / saving.HEADS_FILE))
     assert all((heads[f"heads.{k}"] == v).all() for k, v in model.heads.state_dict().items())
     assert sorted(os.listdir(tmp_path)) == ["run"]

@@ -93,8 +93,8 @@ def test_temperatures_travel_with_the_saved_model(quick_model, splits, tmp_path)
     case = splits["test"][0]
     before = model.decide(case.state, workflow=case.workflow)
     reopened = decisionkit.load(model.save(tmp_path / "calibrated"))
-    assert reopened.temperatures == pytest.approx(model.temperatures)
-    assert reopened.confidence_temperatures == pytest.approx(model.confidence_temperatures)
+    assert reopened.temperatures.probabilities == pytest.approx(model.temperatures.probabilities)
+    assert reopened.temperatures.confidence == pytest.approx(model.temperatures.confidence)
     after = reopened.decide(case.state, workflow=case.workflow)
     for qid, a in before.items():
         for key in ("noul", "confidence"):
@@ -105,7 +105,7 @@ def test_temperatures_travel_with_the_saved_model(quick_model, splits, tmp_path)
 def test_risk_coverage_ends_at_the_overall_accuracy(quick_model, splits):
     _, model = quick_model
     cases = splits["validation"].head(5)
-    scores = score(cases, decision_logits(model, cases).predictions(model.temperatures))
+    scores = score(cases, decision_logits(model, cases).predictions(model.temperatures.probabilities))
     curve = risk_coverage(scores)
     assert curve["coverage"].iloc[-1] == 1.0
     assert math.isclose(curve["accuracy"].iloc[-1], scores.overall()["accuracy"])
@@ -118,9 +118,9 @@ def test_both_targets_fit_probabilities_and_confidence_apart(quick_model, splits
     model = decisionkit.load(path)
     report = calibrate(model, validation)  # target="both"
     fits = report.temperature_table()["temperature"]
-    assert model.temperatures == pytest.approx({t: fits[("distribution", t)] for t in ("noul", "choice", "score")},
-                                               abs=1e-3)  # the table is rounded to 3 decimals
-    assert model.confidence_temperatures == pytest.approx({t: fits[("label", t)] for t in ("noul", "choice", "score")},
+    assert model.temperatures.probabilities == pytest.approx(  # the table is rounded to 3 decimals
+        {t: fits[("distribution", t)] for t in ("noul", "choice", "score")}, abs=1e-3)
+    assert model.temperatures.confidence == pytest.approx({t: fits[("label", t)] for t in ("noul", "choice", "score")},
                                                           abs=1e-3)
     case = validation[0]
     probs = model.predict(validation.head(1))[0]
@@ -130,8 +130,9 @@ def test_both_targets_fit_probabilities_and_confidence_apart(quick_model, splits
             assert "confidence" not in answers[qid]
             continue
         # the confidence is the top option re-tempered at the label's temperature, the probabilities are not
-        z = np.log(probs[qid]) * model.temperatures[question.type]
-        expected = torch.softmax(torch.as_tensor(z) / model.confidence_temperatures[question.type], -1).max().item()
+        z = np.log(probs[qid]) * model.temperatures.of(question.type)
+        expected = torch.softmax(torch.as_tensor(z) / model.temperatures.of(question.type, confidence=True),
+                                 -1).max().item()
         assert answers[qid]["confidence"] == pytest.approx(expected, abs=1e-5)
         assert max(answers[qid]["probabilities"].values()) == pytest.approx(probs[qid].max(), abs=1e-5)
     after = report.scores[("validation", "after")]
@@ -247,8 +248,8 @@ def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(q
     model = decisionkit.load(path)
     report = calibrate_out_of_fold(model, train, validation, test)
     assert report.fitted_on == {"train (out of fold)": len(train), "validation": len(validation), "folds": 5}
-    assert model.temperatures["choice"] == report.rule.temperatures["choice"]
-    assert model.confidence_temperatures == report.rule.confidence_temperatures
+    assert model.temperatures.probabilities == report.rule.temperatures
+    assert model.temperatures.confidence == report.rule.confidence_temperatures
     rule = report.rule_table()
     assert (rule["T after the rule"] == rule["fitted T"].where(rule["kept"], 1.0)).all()
     table = report.table()

@@ -70,10 +70,10 @@ def test_one_training_call_returns_a_calibrated_routed_model_that_loads_back_equ
     trained = decisionkit.train("cpu-quick", out, progress=False)
     model = trained.model
     assert model.router is not None and model.router.threshold is not None
-    assert model.confidence_temperatures and any(t != 1.0 for t in model.temperatures.values())
+    assert model.temperatures.confidence and any(t != 1.0 for t in model.temperatures.probabilities.values())
     assert not (out / "report.json").exists()
     again = decisionkit.load(out)
-    assert again.temperatures == model.temperatures and again.confidence_temperatures == model.confidence_temperatures
+    assert again.temperatures == model.temperatures
     assert again.router.threshold == model.router.threshold and again.router.reference == model.router.reference
     for case in splits["test"].head(2):
         assert again.decide(case.state, workflow=case.workflow) == model.decide(case.state, workflow=case.workflow)

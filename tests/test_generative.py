@@ -20,6 +20,7 @@ from decisionkit.course.generative import (
 )
 from decisionkit.data.cases import Split
 from decisionkit.data.metrics import score
+from decisionkit.model.heads import Temperatures
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
     # the quick model's heads and trees were fitted, not calibrated nor routed; temperatures make it "calibrated"
     assert accuracy.loc[DECISION, "trained"] == how_trained(model) == "yes: heads + trees on train"
     kept = model.temperatures
-    model.temperatures = {kind: 1.5 for kind in kept}
+    model.temperatures = Temperatures(dict.fromkeys(kept.probabilities, 1.5))
     try:
         assert how_trained(model) == "yes: heads + trees on train, calibrated"
     finally:

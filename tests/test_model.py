@@ -10,6 +10,7 @@ from decisionkit.contract.systemone import QuestionError, answer
 from decisionkit.core.precision import ANSWER_TOLERANCE, Precision
 from decisionkit.data.cases import Split
 from decisionkit.model.decision_model import DecisionModel, FeatureSpec, load
+from decisionkit.model.heads import Temperatures
 from decisionkit.model.saving import CONFIG_FILE
 
 
@@ -84,14 +85,15 @@ def test_bad_questions_are_named(model, splits):
 
 def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, tmp_path):
     case = splits["test"][3]
-    model.temperatures["choice"] = 1.7
+    model.temperatures = Temperatures({"noul": 1.0, "choice": 1.7, "score": 1.0}, {"noul": 1.0, "choice": 0.6,
+                                                                                   "score": 1.2})
     try:
         path = model.save(tmp_path / "m")
         first = model.decide(case.state, workflow=case.workflow)
         assert sorted(p.name for p in path.iterdir()) == [CONFIG_FILE, "heads.safetensors"]
         assert all(p.stat().st_mode & 0o044 == 0o044 for p in path.iterdir())  # readable by others, like any file
         again = decisionkit.load(path)
-        assert again.temperatures["choice"] == 1.7
+        assert again.temperatures == model.temperatures  # the part whole: both sets, as fitted
         assert again.decide(case.state, workflow=case.workflow) == first
         (path / "history.json").write_text("{}")  # what training and reports write beside the model
         (path / "checkpoint").mkdir()
@@ -107,7 +109,7 @@ def test_save_load_round_trip_is_atomic_and_checks_the_backbone(model, splits, t
         with pytest.raises(ValueError, match="trained on"):
             load(path)
     finally:
-        model.temperatures["choice"] = 1.0
+        model.temperatures = Temperatures()
 
 
 def test_answer_shapes():
@@ -157,18 +159,22 @@ def test_one_forward_gives_features_logits_per_question_and_the_loss(model, spli
     assert model(**model.tokenize(cases.texts), workflows=cases.case_workflows).loss is None
 
 
-def test_temperatures_are_looked_up_in_one_place(model):
+def test_the_answers_divide_by_the_models_temperatures(model):
     workflow, qid = next((w, q) for w, qs in model.schema.items() for q, x in qs.items() if x.type == "score")
     z = torch.tensor([0.0, 1.0, 3.0, 0.5])[:len(model.schema[workflow][qid].options)]
-    model.temperatures["score"], model.confidence_temperatures = 2.0, {"noul": 1.0, "choice": 1.0, "score": 0.5}
+    assert not model.temperatures.fitted
+    model.temperatures = Temperatures({"noul": 1.0, "choice": 1.0, "score": 2.0},
+                                      {"noul": 1.0, "choice": 1.0, "score": 0.5})
     try:
-        assert model.temperature("score") == 2.0 and model.temperature("score", confidence=True) == 0.5
+        assert model.temperatures.fitted
         p, confidence = model.answer_parts({qid: z}, workflow)[qid]
         assert p == pytest.approx(torch.softmax(z / 2.0, -1).double().numpy())
         assert confidence == pytest.approx(float(torch.softmax(z / 0.5, -1)[int(np.argmax(p))]))
+        model.temperatures.confidence = None  # no separate fit: the confidence is the top probability
+        p, confidence = model.answer_parts({qid: z}, workflow)[qid]
+        assert confidence == pytest.approx(float(p.max()))
     finally:
-        model.temperatures["score"], model.confidence_temperatures = 1.0, None
-    assert model.temperature("score", confidence=True) == 1.0  # no separate fit: the probabilities' temperature
+        model.temperatures = Temperatures()
 
 
 def test_saved_quantization_settings_come_back(model, tmp_path, monkeypatch):

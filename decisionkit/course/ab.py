@@ -29,7 +29,7 @@ def how_trained(model) -> str:
     on train, its temperatures on validation ("calibrated"), its router ("routed"), and its backbone if it trained."""
     done = [("backbone + " if not model.backbone.frozen else "")
             + ("heads + trees on train" if model.structured is not None else "heads on train")]
-    if any(t != 1.0 for t in model.temperatures.values()):
+    if model.temperatures.fitted:
         done.append("calibrated")
     if model.router is not None:
         done.append("routed")

@@ -9,8 +9,8 @@ A hybrid model (``structured`` set, ``training.fit_structured``) also reads the 
 boosted trees (``structured.py``, on ``fields.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
 the log of that mixture, so temperatures, routing and answers treat them as the heads'.
 
-What the model answers is in the model itself, from the state it defines: the temperatures (``temperature``, the one
-place they are applied from; fitted on validation by ``calibration.calibrate``, for the probabilities and, apart, for
+What the model answers is in the model itself, from the state it defines: the temperatures (``Temperatures``, a part of
+the model like its router and trees, applied in ``answer_parts``; fitted on validation by ``calibration.calibrate``, for the probabilities and, apart, for
 the ``confidence`` field); the distance weight (``heads_weights``: with a router, an input far from the training
 data keeps a weight w < 1 of the heads' answers, its probabilities w * heads + (1 - w) * the training prior and its
 confidence w * the heads' confidence, ``answer_parts``, so a threshold on ``confidence`` alone sends it to a human;
@@ -38,13 +38,13 @@ from torch import nn
 
 from ..contract import systemone
 from ..data.cases import Split
-from ..data.questions import QUESTION_TYPES, Question
+from ..data.questions import Question
 from . import features, saving
 from .backbone import Backbone, LoraSettings, load_backbone
 from .engines import add_lora
 from .features import FeatureSpec, hidden_states, pad, standardization, tokenize
 from .fitting import HeadRecipe
-from .heads import HeadSet, Targets, calibrated
+from .heads import HeadSet, Targets, Temperatures, calibrated
 from .output import DecisionOutput, read
 from .pooling import pool_layers
 from .structured import StructuredPart
@@ -67,10 +67,7 @@ class DecisionModel(nn.Module):
         # set by ``normalize_fitted``.
         self.register_buffer("feature_mean", torch.zeros(dim))
         self.register_buffer("feature_std", torch.ones(dim))
-        self.temperatures = {t: 1.0 for t in QUESTION_TYPES}  # for the probabilities; fitted on validation
-        # For the ``confidence`` of choice and score answers, when fitted apart (to correctness, while the
-        # probabilities follow the gold distribution); None: the confidence is the top probability.
-        self.confidence_temperatures: dict[str, float] | None = None
+        self.temperatures = Temperatures()  # 1 until fitted on validation (``calibration.calibrate``)
         self.router = None  # routing.Router: distance-aware answers and the threshold that sends inputs to a human
         # structured.StructuredPart: the state's fields read by trees, averaged with the heads (the hybrid model);
         # None: the heads alone. Fitted by ``training.fit_structured`` once the heads are.
@@ -138,13 +135,6 @@ class DecisionModel(nn.Module):
     split_output = features.split_output
 
     # ----- what the model answers, from its logits --------------------------------------------------------------
-    def temperature(self, question_type: str, confidence: bool = False) -> float:
-        """The temperature that divides a question type's logits: for its probabilities, or for its ``confidence``
-        field when that was fitted apart (``calibration.calibrate``)."""
-        if confidence and self.confidence_temperatures:
-            return self.confidence_temperatures[question_type]
-        return self.temperatures[question_type]
-
     def answer_parts(self, logits: dict[str, torch.Tensor], workflow: str, weight: float = 1.0,
                      priors: dict | None = None) -> dict[str, tuple]:
         """``(probabilities, confidence)`` per question from one input's head logits. With ``weight`` w < 1 (an
@@ -155,8 +145,8 @@ class DecisionModel(nn.Module):
         out = {}
         for qid, z in logits.items():
             kind = self.schema[workflow][qid].type
-            p = calibrated(z, self.temperature(kind)).double().cpu().numpy()
-            sure = calibrated(z, self.temperature(kind, confidence=True)).double().cpu().numpy()
+            p = calibrated(z, self.temperatures.of(kind)).double().cpu().numpy()
+            sure = calibrated(z, self.temperatures.of(kind, confidence=True)).double().cpu().numpy()
             if weight < 1:
                 p = weight * p + (1 - weight) * (self.router.priors if priors is None else priors)[workflow][qid]
             out[qid] = (p, None if kind == "noul" else float(weight * sure[int(np.argmax(p))]))

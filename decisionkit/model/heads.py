@@ -8,7 +8,7 @@ way (``targets``) and the loss. Fitting them is ``fitting.py`` (stage 1); fine-t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.cases import Split
-from ..data.questions import Question
+from ..data.questions import QUESTION_TYPES, Question
 
 
 def head_key(workflow: str, qid: str) -> str:
@@ -125,3 +125,23 @@ def decision_loss(schema: dict[str, dict[str, Question]], logits: dict[str, dict
 def weight_norm(heads: HeadSet) -> torch.Tensor:
     """Sum of squared head weights (biases are not penalised): the L2 term."""
     return sum(head.weight.pow(2).sum() for head in heads.heads.values())
+
+
+@dataclass
+class Temperatures:
+    """What a model divides each question type's logits by before the softmax: for the probabilities and, when
+    fitted apart (``calibration.calibrate``), for the ``confidence`` field of choice and score answers (None: the
+    confidence is the top probability). A part of the model, saved with it; 1 everywhere until calibrated."""
+
+    probabilities: dict[str, float] = field(default_factory=lambda: dict.fromkeys(QUESTION_TYPES, 1.0))
+    confidence: dict[str, float] | None = None
+
+    def of(self, question_type: str, confidence: bool = False) -> float:
+        """The temperature of ``question_type``'s probabilities, or of its ``confidence`` field."""
+        if confidence and self.confidence:
+            return self.confidence[question_type]
+        return self.probabilities[question_type]
+
+    @property
+    def fitted(self) -> bool:
+        return self.confidence is not None or any(t != 1.0 for t in self.probabilities.values())

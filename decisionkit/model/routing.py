@@ -40,7 +40,7 @@ def output_scores(model, logits: dict[str, torch.Tensor], workflow: str, weight:
     alone has no confidence field: there, ``weight`` times the lowest top probability stands in for it."""
     scores, msps, entropies, energies = {}, [], [], []
     for qid, z in logits.items():
-        t = model.temperature(model.schema[workflow][qid].type)
+        t = model.temperatures.of(model.schema[workflow][qid].type)
         p = calibrated(z, t)
         msps.append(float(p.max()))
         scores[f"msp:{qid}"] = msps[-1]

@@ -31,6 +31,7 @@ from ..data.questions import Question
 from .backbone import LoraSettings, QuantSettings
 from .checksums import weights_sha256
 from .fitting import HeadRecipe
+from .heads import Temperatures
 from .routing import Router
 from .structured import StructuredPart
 
@@ -82,7 +83,7 @@ class ModelConfig:
                       "quantize": asdict(backbone.quantize) if backbone.quantize else None,
                       "lora": asdict(backbone.lora) if backbone.lora else None, "tuned": model.tuned},
             features=model.spec.to_json(), schema=_schema_to_json(model.schema),
-            temperatures=dict(model.temperatures), confidence_temperatures=model.confidence_temperatures,
+            temperatures=dict(model.temperatures.probabilities), confidence_temperatures=model.temperatures.confidence,
             head_fit=asdict(model.head_recipe) if model.head_recipe is not None else None,
             router=model.router.config() if model.router is not None else None,
             structured=model.structured.config() if model.structured is not None else None)
@@ -191,8 +192,7 @@ def restore(model, path: Path, saved: ModelConfig) -> None:
     if lora is not None:
         model.attach_lora(LoraSettings(**{**lora, "target_modules": tuple(lora["target_modules"])}))
     tensors = load_trained(model, path)
-    model.temperatures.update(saved.temperatures)
-    model.confidence_temperatures = saved.confidence_temperatures
+    model.temperatures = Temperatures(dict(saved.temperatures), saved.confidence_temperatures)
     model.head_recipe = HeadRecipe(**saved.head_fit) if saved.head_fit else None
     if saved.structured:
         arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith("structured.")}

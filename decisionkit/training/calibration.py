@@ -6,7 +6,7 @@ every answer, T < 1 sharpens it. The ranking of the options never changes, so ac
 
 - ``calibrate(model, validation)`` fits one global temperature and one per question type by minimising the
   NLL on the validation split, within ``BOUNDS`` (a fit on the bound is reported, not hidden). It sets
-  ``model.temperatures``; ``model.save`` stores them and ``decide`` applies them. The test split is only ever
+  ``model.temperatures`` (a ``Temperatures``); ``model.save`` stores them and ``decide`` applies them. The test split is only ever
   scored.
 - Two targets, two meanings of "calibrated". Fitted against the gold answer (``"label"``: the top option of
   the gold distribution), the confidence estimates the chance of being right, which is what ECE and a threshold
@@ -14,7 +14,7 @@ every answer, T < 1 sharpens it. The ranking of the options never changes, so ac
   is what KL measures. Heads trained on soft gold are already close to the second and, when the gold is spread
   out, under-confident for the first: one temperature cannot serve both.
 - So by default (``target="both"``) the probabilities get the distribution's temperatures and the ``confidence``
-  field of choice and score answers gets the label's (``model.confidence_temperatures``). A noul answer is one
+  field of choice and score answers gets the label's (``model.temperatures.confidence``). A noul answer is one
   probability and keeps the distribution's. ``"label"`` or ``"distribution"`` alone set one temperature for both.
 - ``CalibrationReport`` shows accuracy, KL, Brier and ECE (10 and 15 bins) before and after, reliability
   diagrams, confidence histograms and the risk-coverage curve (accuracy of the decisions kept as the
@@ -42,6 +42,7 @@ import pandas as pd
 from ..data.cases import Split
 from ..data.metrics import Scores, expected_calibration_error, paired_difference, reliability_bins, score
 from ..data.questions import QUESTION_TYPES
+from ..model.heads import Temperatures
 from .temperature import (
     BOUNDS,
     CALIBRATION_FOLDS,
@@ -184,8 +185,7 @@ def calibrate(model, validation: Split, *others: Split, per_type: bool = True, t
         scores[(name, "before")] = score(split_logits.cases, split_logits.predictions(ones))
         scores[(name, "after")] = score(split_logits.cases, split_logits.predictions(temperatures),
                                         split_logits.confidences(confidence or temperatures))
-    model.temperatures.update(temperatures)
-    model.confidence_temperatures = confidence
+    model.temperatures = Temperatures(dict(temperatures), confidence)
     return CalibrationReport(fits, temperatures, confidence, scores)
 
 
@@ -238,8 +238,7 @@ def calibrate_out_of_fold(model, train: Split, validation: Split, *others: Split
         for stage, (temperatures, confidence) in stages.items():
             scores[(cases.name, stage)] = score(cases, logits.predictions(temperatures),
                                                 None if confidence is None else logits.confidences(confidence))
-    model.temperatures.update(rule.temperatures)
-    model.confidence_temperatures = rule.confidence_temperatures
+    model.temperatures = Temperatures(dict(rule.temperatures), rule.confidence_temperatures)
     return HeldOutCalibration(rule.fits, rule.temperatures, rule.confidence_temperatures, scores, rule,
                               {f"{train.name} (out of fold)": len(train), validation.name: len(validation),
                                "folds": folds})
