@@ -52,7 +52,17 @@ def splits():
 
 
 @pytest.fixture(scope="session")
-def quick_model(splits):
+def quick_overrides():
+    """cpu-quick made smaller for the session's quick model (60 train / 40 validation cases, short inputs), and for
+    any test that trains the same model again: its features are in the cache by then."""
+    from decisionkit import FeatureSpec
+
+    return dict(train_per_workflow=10, validation_per_workflow=10, head_steps=100, features=FeatureSpec(max_length=128),
+                structured=True)
+
+
+@pytest.fixture(scope="session")
+def quick_model(splits, quick_overrides):
     """A small trained hybrid model (heads and trees on the fields, as make demo trains it; 60 train / 40
     validation cases, short inputs), shared by the calibration, anomaly, serving and widget tests. Returns (path, model). It is trained once into the cache
     (``runs.shared_run``), so the next session, and any process beside this one, reuses it: tests must not save
@@ -62,12 +72,11 @@ def quick_model(splits):
     full recipe's rate (0.003) and L2 (1e-3 to 1e-2), 40 cases were overfitted by step 10 and the fit kept step 0,
     every answer uniform. cpu-quick's rate of 3e-4 and L2 of 1 or 10 keep a late step (measured: step 100 at L2 10,
     validation accuracy 0.455 on 80 cases)."""
-    from decisionkit import FeatureSpec, load
+    from decisionkit import load
     from decisionkit.data.metrics import score, uniform_predictions
     from decisionkit.training.runs import shared_run
 
-    path = shared_run("cpu-quick", train_per_workflow=10, validation_per_workflow=10, head_steps=100,
-                      features=FeatureSpec(max_length=128), structured=True)
+    path = shared_run("cpu-quick", **quick_overrides)
     model = load(path)
     assert model.head_recipe.steps > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
     validation = splits["validation"].head(10)

@@ -127,11 +127,11 @@ def test_a_signal_answers_the_request_in_flight_then_stops_every_process(quick_m
 
 
 def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, case, tmp_path):
-    """``python -m decisionkit.serving.ray_app`` starts a local Ray instance (processes of its own). SIGTERM while a
-    request waits in a batch: the request is answered, then Serve and Ray are shut down and none of their processes
-    outlives the command."""
+    """``python -m decisionkit.serving.ray_app`` (the deployment ``ray_app`` builds) starts a local Ray instance
+    (processes of its own), bound to 127.0.0.1. SIGTERM while a request waits in a batch: the request is answered as
+    ``decide`` answers it, then Serve and Ray are shut down and none of their processes outlives the command."""
     pytest.importorskip("ray")
-    path, _ = quick_model
+    path, model = quick_model
     port = free_port()
     log = open(tmp_path / "ray.log", "wb")
     environment = {**os.environ, API_KEY_ENV: KEY, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -156,13 +156,17 @@ def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, ca
         children = process.children(recursive=True)
         assert children, "ray.init starts a local Ray instance in child processes"
         answered = {}
-        asking = threading.Thread(target=lambda: answered.update(status=call(
-            f"http://127.0.0.1:{port}", "POST", ENDPOINT, body(path.name, case), {"Authorization": f"Bearer {KEY}"})[0]))
+        asking = threading.Thread(target=lambda: answered.update(zip(("status", "body"), call(
+            f"http://127.0.0.1:{port}", "POST", ENDPOINT, body(path.name, case), {"Authorization": f"Bearer {KEY}"}))))
         asking.start()
         time.sleep(1.5)  # the request reaches its replica and waits for its batch (5 s)
         server.send_signal(signal.SIGTERM)
         asking.join(timeout=120)
-        assert answered.get("status") == 200, "the request in flight was not answered"
+        assert answered.get("status") == 200, f"the request in flight was not answered: {answered}"
+        served = answered["body"]
+        local = model.decide(case.state, {q: x.to_json() for q, x in case.questions.items()})
+        assert served["model"] == path.name
+        assert systemone.disagreements(served["answers"], local, ANSWER_TOLERANCE[precision.choose().dtype]) == []
         server.wait(timeout=120)
         assert_gone(process, children, port)
     finally:

@@ -93,7 +93,9 @@ class FeatureDensity:
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"mean": self.mean, "components": self.components, "precision": self.precision,
                **{f"centre.{w}": c for w, c in self.centres.items()}}
-        return {f"density.{k}": torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float32) for k, v in out.items()}
+        # float64, as fitted: in float32 the reloaded model's distance weights (and so its answers) differed from the
+        # model that was saved by about 1e-8 (a few hundred kB for a k x dim projection)
+        return {f"density.{k}": torch.as_tensor(np.ascontiguousarray(v), dtype=torch.float64) for k, v in out.items()}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "FeatureDensity":

@@ -19,12 +19,12 @@ from ..data.cases import Split
 from ..data.metrics import score
 from ..model import saving
 from ..model.backbone import load_backbone
-from ..model.decision_model import DecisionModel, load
+from ..model.decision_model import DecisionModel
 from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
 from .calibration import calibrate
 from .presets import Preset, preset
 from .report import RunReport
-from .trainer import TrainResult, fit_model, held_out_test, part_scores, training_pool, training_splits
+from .trainer import TrainResult, fit_model, held_out_test, part_scores
 from .zeroshot import zero_shot_predictions
 
 
@@ -46,11 +46,10 @@ def train(preset_name: str | Preset, out: str | Path, data_dir=None, resume: boo
     test as it now answers (distance-aware with a router; the heads alone are in the calibration table), save it."""
     p = preset(preset_name) if isinstance(preset_name, str) else preset_name
     fitted = fit_model(p, out, data_dir=data_dir, resume=resume, progress=progress)
-    model = load(out)  # the best step a fine-tuning run saved, which may not be its last
+    model = fitted.model  # as saved: a fine-tuning run's best step
     # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
     # the test cases it is scored on (a sample for quick presets)
-    splits = {"train": training_pool(p, data_dir), "validation": training_splits(p, data_dir)[2],
-              "test": held_out_test(p, data_dir)}
+    splits = {**fitted.cases, "test": held_out_test(p, data_dir)}
     calibration = calibrate(model, splits["validation"], splits["test"])
     scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
     routing = {}

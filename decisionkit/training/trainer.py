@@ -106,7 +106,9 @@ def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
 
 @dataclass
 class TrainResult:
-    """What a run did: the training curves, the best held-out loss, wall time and peak memory."""
+    """What a run did: the training curves, the best held-out loss, wall time and peak memory; the model as saved
+    (the best step of a fine-tuning run, which may not be its last) and the cases it used (``train``: every train
+    case it may fit on, dev slice included; ``validation``)."""
 
     preset: Preset
     history: pd.DataFrame
@@ -115,6 +117,8 @@ class TrainResult:
     peak_memory_gb: float
     out: Path
     extra: dict = field(default_factory=dict)
+    model: DecisionModel | None = field(default=None, repr=False)
+    cases: dict[str, Split] = field(default_factory=dict, repr=False)
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame({"value": {
@@ -224,13 +228,16 @@ def fit_model(p: Preset | str, out: str | Path, data_dir=None, resume: bool = Tr
             extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid.scores.loc[(part, "all"), "accuracy"]), 4)
                           for part in PARTS})
         model.save(out)
+        model.eval()
     else:
         history, best, step = finetune(model, train_split, dev, p, out, history, best, fit.recipe.l2, resume,
                                        progress)
         extra["best step"] = step
+        model = load(out)  # the best step saved, which may not be the last
     seconds = time.perf_counter() - started
     peak = peak_memory_gb(backbone.device)
-    result = TrainResult(p, pd.DataFrame(history), best, seconds, peak, out, extra)
+    result = TrainResult(p, pd.DataFrame(history), best, seconds, peak, out, extra, model,
+                         {"train": pool, "validation": validation})
     write_text(out / HISTORY_FILE, json.dumps({
         "preset": p.to_json(), "history": history, "best_val_loss": best, "seconds": seconds, "peak_memory_gb": peak,
         "machine": platform.platform(), **extra}, indent=2, default=str))
