@@ -52,19 +52,10 @@ def splits():
 
 
 @pytest.fixture(scope="session")
-def quick_overrides():
-    """cpu-quick made smaller for the session's quick model (60 train / 40 validation cases, short inputs), and for
-    any test that trains the same model again: its features are in the cache by then."""
-    from decisionkit import FeatureSpec
-
-    return dict(train_per_workflow=10, validation_per_workflow=10, head_steps=100, features=FeatureSpec(max_length=128),
-                structured=True)
-
-
-@pytest.fixture(scope="session")
-def quick_model(splits, quick_overrides):
-    """A small trained hybrid model (heads and trees on the fields, as make demo trains it; 60 train / 40
-    validation cases, short inputs), shared by the calibration, anomaly, serving and widget tests. Returns (path, model). It is trained once into the cache
+def quick_model(splits):
+    """A small trained hybrid model (cpu-quick with trees on the fields, as make demo trains it; 40 train / 40
+    validation cases, 128 tokens), shared by the calibration, anomaly, serving and widget tests, and the notebooks'
+    quick SmolLM2 hybrid at the same sizes (its features come from the cache then). Returns (path, model). It is trained once into the cache
     (``runs.shared_run``), so the next session, and any process beside this one, reuses it: tests must not save
     into its folder.
 
@@ -76,7 +67,7 @@ def quick_model(splits, quick_overrides):
     from decisionkit.data.metrics import score, uniform_predictions
     from decisionkit.training.runs import shared_run
 
-    path = shared_run("cpu-quick", **quick_overrides)
+    path = shared_run("cpu-quick", structured=True)
     model = load(path)
     assert model.head_recipe.steps > 0, "the quick model kept its uniform start (step 0): its heads learned nothing"
     validation = splits["validation"].head(10)

@@ -61,15 +61,13 @@ def test_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
     assert "train.jsonl not found" in capsys.readouterr().err
 
 
-def test_one_training_call_returns_a_calibrated_routed_model_that_loads_back_equal(tmp_path, splits,
-                                                                                   quick_overrides):
+def test_one_training_call_returns_a_calibrated_routed_model_that_loads_back_equal(tmp_path, splits):
     """decisionkit.train is the whole job: weights, temperatures fitted on validation, the router; the model it
-    returns is the one saved. Writing the report is a step of its own. (cpu-quick at the session quick model's
-    sizes, whose features are cached: ``decisionkit.train("cpu-quick", out)`` itself took 102 s.)"""
+    returns is the one saved. Writing the report is a step of its own."""
     import decisionkit
 
     out = tmp_path / "quick"
-    trained = decisionkit.train(presets.preset("cpu-quick", **quick_overrides), out, progress=False)
+    trained = decisionkit.train("cpu-quick", out, progress=False)
     model = trained.model
     assert model.router is not None and model.router.threshold is not None
     assert model.temperatures.confidence and any(t != 1.0 for t in model.temperatures.probabilities.values())

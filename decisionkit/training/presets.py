@@ -70,12 +70,20 @@ class Preset:
 # without a better dev loss (the measurements: benchmarks/results/choices.md#stage-2).
 _FULL = dict(mode="full", epochs=2, lr=1e-5, finetune_head_lr=0.0, weight_decay=0.01, eval_every=20, patience=4)
 PRESETS = {
-    # CI, tests and the notebooks' quick mode: a few cases, short inputs. A slower rate and a strong L2, or 60 cases
+    # CI, tests and the notebooks' quick mode: a few cases, short inputs, one model shared by the tests and every
+    # notebook's quick run (its features are extracted once a session). A slower rate and a strong L2, or 40 cases
     # are overfitted before the first step checked; 30 boosting rounds at 5x the rate, as the trees' time grows with
     # the rounds (benchmarks/results/choices.md#cpu-quick).
-    "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=256), train_per_workflow=20,
-                        validation_per_workflow=10, test_per_workflow=10, dev_per_workflow=5, head_lr=3e-4,
-                        l2_grid=(1.0, 10.0), tree_rounds=30, off_domain_per_kind=3),
+    "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=128), train_per_workflow=10,
+                        validation_per_workflow=10, test_per_workflow=10, dev_per_workflow=5, head_steps=100,
+                        head_lr=3e-4, l2_grid=(1.0, 10.0), tree_rounds=30, off_domain_per_kind=3),
+    # The demo's hybrid (cpu-fast, MiniLM-L6) at quick sizes: MiniLM extracts about 6x faster than SmolLM2, so it
+    # keeps 20 train cases a workflow and 256 tokens (at cpu-quick's 10 and 128, notebook 09's confidence rule no
+    # longer sent the worse answers to a human).
+    "cpu-fast-quick": Preset("cpu-fast-quick", "heads", backbone=ENCODER_BACKBONE, structured=True,
+                             features=FeatureSpec(max_length=256), train_per_workflow=20, validation_per_workflow=10,
+                             test_per_workflow=10, dev_per_workflow=5, head_lr=3e-4, l2_grid=(1.0, 10.0),
+                             tree_rounds=30, off_domain_per_kind=3),
     # Heads on frozen SmolLM2 features, full data: the baseline of the hybrid.
     "cpu-heads": Preset("cpu-heads", "heads"),
     # The best recipe measured on 2 CPU cores: the hybrid, cpu-heads' heads averaged with trees on the state's
