@@ -175,6 +175,21 @@ def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, ca
         log.close()
 
 
+def test_a_launched_server_ends_with_the_process_that_launched_it(quick_model):
+    """``serve_lab.launch`` stops its server when the launching process exits (a notebook kernel that failed before
+    its stop cell, then shut down, once left a server running for half an hour). Broken on purpose (no stop at exit):
+    the server outlived the script and the test fails."""
+    path, _ = quick_model
+    script = (f"from decisionkit.course import serve_lab; s = serve_lab.launch([{str(path)!r}]); "
+              "print(s.process.pid, s.url.rsplit(':', 1)[1], flush=True)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pid, port = map(int, done.stdout.split())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0, "the port still answers"
+
+
 WATCHDOG = """
 import multiprocessing, sys, time
 from decisionkit.serving import shutdown

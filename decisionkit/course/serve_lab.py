@@ -15,6 +15,7 @@
   client-side rule on ``confidence`` (accept an answer at a threshold or above, send the rest to a human).
 """
 
+import atexit
 import json
 import os
 import signal
@@ -82,8 +83,8 @@ class Launched:
 def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batching = Batching(),
            limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None,
            api_key: str | None = None) -> Launched:
-    """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group) and return once
-    ``GET /health`` answers; ``log`` receives its output (default: discarded). ``api_key`` reaches the server
+    """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group), stopped when this
+    process exits if not before, and return once ``GET /health`` answers; ``log`` receives its output (default: discarded). ``api_key`` reaches the server
     through its environment (never its command line, which any user of the machine can read)."""
     port = port or free_port()
     command = [sys.executable, "-m", "decisionkit", "serve", *map(str, runs), "--port", str(port),
@@ -94,6 +95,9 @@ def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batchi
     process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
                                env=environment)
     launched = Launched(process, f"http://127.0.0.1:{port}")
+    # and it ends with this process at the latest: a notebook that fails before its stop cell left a server answering
+    # (and using the CPU) for half an hour after its kernel had shut down
+    atexit.register(launched.stop)
     deadline = time.monotonic() + startup_timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
