@@ -100,8 +100,7 @@ class Question:
         where = ("questions", qid)
         if not isinstance(obj, (dict, BaseModel)):
             raise InvalidQuestion(where, f" must be an object, got {type(obj).__name__}", "model_type", obj)
-        asked = obj.model_dump() if isinstance(obj, BaseModel) else obj
-        qtype = asked.get("type")
+        qtype = obj.type if isinstance(obj, BaseModel) else obj.get("type")  # a parsed request's: no dump
         if qtype not in QUESTION_TYPES:
             detail = (": box questions locate things in images; this model reads text and answers noul, choice and "
                       "score questions" if qtype == "box" else
@@ -114,8 +113,8 @@ class Question:
             first = err.errors(include_url=False)[0]
             inner = first["loc"][1:]  # without the union's tag
             if inner[:1] == ("criteria",):
-                raise InvalidQuestion((*where, "criteria"), f"{CRITERIA_RULES[qtype]}; got {asked.get('criteria')!r}",
-                                      first["type"], asked.get("criteria")) from None
+                raise InvalidQuestion((*where, "criteria"), f"{CRITERIA_RULES[qtype]}; got {obj.get('criteria')!r}",
+                                      first["type"], obj.get("criteria")) from None
             raise InvalidQuestion((*where, *inner), f": {first['msg']}", first["type"], first.get("input")) from None
         return cls._of(qid, parsed)
 
