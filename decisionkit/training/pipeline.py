@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,10 +105,17 @@ def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_s
                progress: bool = True, reuse: bool = False, route: bool = True) -> RunReport:
     """A run, end to end: ``train``, the zero-shot baseline on ``zero_shot`` validation cases per workflow (0:
     none), and the report written beside the model. With ``reuse``, a folder that already holds a report is read
-    instead of trained again (notebooks show saved full runs)."""
+    instead of trained again (notebooks show saved full runs), if it was trained with the same preset settings."""
+    p = preset(preset_name) if isinstance(preset_name, str) else preset_name
     if reuse and (Path(out) / saving.REPORT_FILE).is_file():
+        saved = json.loads((Path(out) / saving.HISTORY_FILE).read_text())["preset"]
+        if saved != json.loads(json.dumps(p.to_json())):
+            changed = sorted(k for k in saved.keys() | p.to_json().keys()
+                             if saved.get(k) != json.loads(json.dumps(p.to_json().get(k))))
+            raise ValueError(f"{out} holds a run of preset {saved['name']!r} with other settings ({', '.join(changed)}); "
+                             "delete that folder to train this preset there, or give another folder")
         return RunReport.load(out)
-    trained = train(preset_name, out, data_dir=data_dir, resume=resume, progress=progress, route=route)
+    trained = train(p, out, data_dir=data_dir, resume=resume, progress=progress, route=route)
     if zero_shot:
         add_zero_shot(trained, zero_shot, progress)
     trained.report.save(out)
