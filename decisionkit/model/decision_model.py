@@ -246,7 +246,8 @@ class DecisionModel(nn.Module):
         as they are."""
         if route:
             self._require_router()
-        order = np.argsort([len(item.text) for item in items], kind="stable")  # similar lengths: less padding
+        lengths = [len(item.text) for item in items] if input_ids is None else [len(ids) for ids in input_ids]
+        order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: less padding
         results: list[dict | None] = [None] * len(items)
         for lo in range(0, len(items), batch_size):
             rows = order[lo:lo + batch_size]
