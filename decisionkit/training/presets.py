@@ -79,11 +79,11 @@ PRESETS = {
                         head_lr=3e-4, l2_grid=(1.0, 10.0), tree_rounds=30, off_domain_per_kind=3),
     # The demo's hybrid (cpu-fast, MiniLM-L6) at quick sizes: MiniLM extracts about 6x faster than SmolLM2, so it
     # keeps 20 train cases a workflow and 256 tokens (at cpu-quick's 10 and 128, notebook 09's confidence rule no
-    # longer sent the worse answers to a human).
+    # longer sent the worse answers to a human); cpu-quick's 100 head steps.
     "cpu-fast-quick": Preset("cpu-fast-quick", "heads", backbone=ENCODER_BACKBONE, structured=True,
                              features=FeatureSpec(max_length=256), train_per_workflow=20, validation_per_workflow=10,
-                             test_per_workflow=10, dev_per_workflow=5, head_lr=3e-4, l2_grid=(1.0, 10.0),
-                             tree_rounds=30, off_domain_per_kind=3),
+                             test_per_workflow=10, dev_per_workflow=5, head_steps=100, head_lr=3e-4,
+                             l2_grid=(1.0, 10.0), tree_rounds=30, off_domain_per_kind=3),
     # Heads on frozen SmolLM2 features, full data: the baseline of the hybrid.
     "cpu-heads": Preset("cpu-heads", "heads"),
     # The best recipe measured on 2 CPU cores: the hybrid, cpu-heads' heads averaged with trees on the state's
