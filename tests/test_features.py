@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from decisionkit.core.precision import Precision
+from decisionkit.data.cases import Split
 from decisionkit.model.features import default_layers, encode, extract_features, padding_pitfall
 from decisionkit.model.pooling import pool
 
@@ -32,6 +33,33 @@ def test_features_match_a_direct_forward_and_are_cached(backbone, small, tmp_pat
     other = extract_features(backbone, small, layers=(15, 30), max_length=64, cache_dir=tmp_path)
     assert not other.from_cache
     assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2
+
+
+def test_texts_cached_in_other_lists_are_read_back_and_only_new_texts_are_extracted(backbone, splits, tmp_path,
+                                                                                      monkeypatch):
+    from decisionkit.model import features as module
+
+    four = splits["validation"].head(1)  # one case a workflow
+    pool = extract_features(backbone, four, layers=(30,), max_length=64, cache_dir=tmp_path)
+    passes, real = [], module.encode
+    monkeypatch.setattr(module, "encode", lambda b, texts, *a, **k: passes.append(len(texts)) or real(b, texts, *a, **k))
+    part = Split("part", [four[2], four[0]], "test")  # a slice of the pool, in another order
+    sliced = extract_features(backbone, part, layers=(30,), max_length=64, cache_dir=tmp_path)
+    assert passes == [] and sliced.from_cache and sliced.ids == part.ids
+    for key, array in pool.arrays.items():
+        np.testing.assert_array_equal(sliced.arrays[key], array[[2, 0]])
+    new = next(c for c in splits["validation"] if c.id not in four.ids)
+    mixed = extract_features(backbone, Split("mixed", [four[1], new], "test"), layers=(30,), max_length=64,
+                             cache_dir=tmp_path)
+    assert passes == [1] and not mixed.from_cache  # the new case alone went through the backbone
+    alone = extract_features(backbone, Split("new", [new], "test"), layers=(30,), max_length=64, cache=False)
+    for key, array in pool.arrays.items():
+        np.testing.assert_array_equal(mixed.arrays[key][0], array[1])
+        np.testing.assert_allclose(mixed.arrays[key][1], alone.arrays[key][0], rtol=1e-6, atol=1e-6)
+    passes.clear()  # another cut, or other layers, reads nothing extracted at this one
+    extract_features(backbone, part, layers=(30,), max_length=32, cache_dir=tmp_path)
+    extract_features(backbone, part, layers=(15, 30), max_length=64, cache_dir=tmp_path)
+    assert passes == [1] * 4
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -2,7 +2,10 @@
 
 Frozen features are what a heads-only decision model trains on, and what the pooling comparison probes.
 The cache key covers the backbone's weights, the rendered texts (so the rendering version), the truncation
-length and the layers, so a change to any of them extracts again instead of reusing stale vectors.
+length and the layers, so a change to any of them extracts again instead of reusing stale vectors. A list of cases
+whose texts were extracted before as part of other lists (a model's train pool, then its train and dev slices; the
+first 10 cases of each workflow, then the first 5) reads their rows from those files, and extracts only the texts
+never seen: one forward pass per text, whatever list it comes in.
 
 The same pass can keep one layer's states at every real token (``token_layers``: ``TokenStates``, float16, cached
 beside the pooled vectors under the same key plus the layer): what a token head (``token_head.py``) reads.
@@ -193,6 +196,23 @@ def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
+def _text_hashes(texts: Sequence[str]) -> list[str]:
+    return [hashlib.sha256(t.encode()).hexdigest()[:32] for t in texts]
+
+
+def _cached_rows(folder: Path, family: str, hashes: Sequence[str]) -> dict[str, tuple[Path, int]]:
+    """Where each of ``hashes`` (texts) was cached before in ``family`` (same weights, dtype, rendering, cut and
+    layers): text hash -> (file, row)."""
+    wanted, found = set(hashes), {}
+    for path in sorted(folder.glob(f"{family}-*.safetensors")):
+        for row, h in enumerate(json.loads(_metadata(path).get("texts", "[]"))):
+            if h in wanted and h not in found:
+                found[h] = (path, row)
+        if len(found) == len(wanted):
+            break
+    return found
+
+
 def _save_atomic(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
     with atomic_file(path) as scratch:
         save_file(arrays, scratch, metadata=metadata)
@@ -222,12 +242,13 @@ def extract_features(
     if bad:
         raise ValueError(f"layers {bad} out of range; the backbone has layers 1..{backbone.num_layers}")
     texts = cases.texts
+    hashes = _text_hashes(texts)
     cache = cache and backbone.frozen
-    path, token_paths = None, {}
+    path, token_paths, found = None, {}, {}
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
-        key = _cache_key(backbone, texts, max_length, layers)
-        path = root / "features" / f"{key}.safetensors"
+        family = _cache_key(backbone, (), max_length, layers)[:12]
+        path = root / "features" / f"{family}-{_cache_key(backbone, texts, max_length, layers)}.safetensors"
         # token states are keyed by the same texts, weights, dtype, rendering and cut, and by their own layer
         token_paths = {layer: root / "features" / f"{_cache_key(backbone, texts, max_length, (layer,))}"
                        f".tokens.safetensors" for layer in token_layers}
@@ -235,12 +256,16 @@ def extract_features(
             features = _load(path)
             features.tokens = {layer: _load_tokens(p) for layer, p in token_paths.items()}
             return features
+        if not token_layers:  # token states need the forward pass anyway
+            found = _cached_rows(path.parent, family, hashes)
+    missing = [i for i, h in enumerate(hashes) if h not in found]
     batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
-    order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
+    # similar lengths share a batch: less padding
+    order = np.array(missing)[np.argsort([len(texts[i]) for i in missing], kind="stable")].astype(int)
     pooled: dict[str, np.ndarray] = {}
     tokens: dict[int, list] = {layer: [None] * len(texts) for layer in token_layers}
     start = time.perf_counter()
-    bar = tqdm(range(0, len(texts), batch_size), desc=f"features {cases.name}", unit="batch",
+    bar = tqdm(range(0, len(order), batch_size), desc=f"features {cases.name}", unit="batch",
                disable=not progress or settings.progress_hidden())
     for lo in bar:
         rows = order[lo:lo + batch_size]
@@ -256,12 +281,20 @@ def extract_features(
             states = enc.hidden[layer].cpu()
             for j, i in enumerate(rows):
                 tokens[layer][i] = states[j][real[j]].numpy().astype(np.float16)
-    seconds = (time.perf_counter() - start) / max(len(texts), 1)
-    features = Features(cases.ids, layers, pooled, seconds, from_cache=False,
+    seconds = (time.perf_counter() - start) / max(len(missing), 1)
+    for source in sorted({source for source, _ in found.values()}):  # the rows extracted before, read back
+        saved = load_file(str(source))
+        seen = [(i, found[h][1]) for i, h in enumerate(hashes) if h in found and found[h][0] == source]
+        for key, array in saved.items():
+            pooled.setdefault(key, np.zeros((len(texts), array.shape[1]), dtype=np.float32))[
+                [i for i, _ in seen]] = array[[row for _, row in seen]]
+        if not missing:
+            seconds = float(_metadata(source)["seconds_per_case"])
+    features = Features(cases.ids, layers, pooled, seconds, from_cache=not missing,
                         tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()})
     if path is not None:
         _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
-                                    "seconds_per_case": repr(seconds)})
+                                    "texts": json.dumps(hashes), "seconds_per_case": repr(seconds)})
         for layer, states in features.tokens.items():
             _save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
                          {"ids": json.dumps(cases.ids), "layer": str(layer)})
