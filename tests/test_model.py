@@ -15,16 +15,18 @@ from decisionkit.model.saving import CONFIG_FILE
 
 
 @pytest.fixture(scope="module")
-def model(backbone, splits):
+def model(tiny_backbone, splits):
+    """Mechanics alone (shapes, batching, saving, temperatures): the tiny backbone, random heads."""
     torch.manual_seed(0)
-    m = DecisionModel(backbone, splits["train"].schema(), FeatureSpec(max_length=128))
+    m = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=128))
     for head in m.heads.heads.values():
         torch.nn.init.normal_(head.weight, std=0.01)
     return m
 
 
 def test_spec_resolves_depth_fractions(model):
-    assert model.spec.layers == (8, 15, 22, 30)
+    assert model.spec.layers == (1, 2, 3, 4)  # the tiny backbone's 4 layers
+    assert FeatureSpec().resolved(30).layers == (8, 15, 22, 30)  # SmolLM2's 30
     assert FeatureSpec(layers=(0.5, 7)).resolved(36).layers == (18, 7)
 
 
