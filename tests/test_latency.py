@@ -169,14 +169,23 @@ def test_length_sweep_cuts_every_input_to_each_length(quick_model, splits, monke
     assert np.isfinite(sweep["median ms"]).all() and (sweep["median ms"] > 0).all()
 
 
-def test_speed_table_times_and_scores_each_variant_against_float32(quick_model, splits):
+def test_speed_table_times_and_scores_each_variant_against_float32(tiny_backbone, splits):
+    """The table's mechanics (rows, batching, re-fitted heads, floors, the float32 row against ``predict``) on the
+    tiny backbone: on a CPU without bfloat16 kernels (AVX2 only) SmolLM2's bfloat16 rows took 21 minutes."""
     import copy
 
     from decisionkit.core.precision import Precision
     from decisionkit.course.speed import forward_flops, speed_table
     from decisionkit.data.metrics import score
+    from decisionkit.model.decision_model import DecisionModel
+    from decisionkit.model.features import FeatureSpec
+    from decisionkit.model.fitting import HeadRecipe
 
-    _, model = quick_model
+    torch.manual_seed(0)
+    model = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=128))
+    for head in model.heads.heads.values():
+        torch.nn.init.normal_(head.weight, std=0.5)  # random heads that answer something other than uniform
+    model.head_recipe = HeadRecipe(l2=1.0, steps=5)
     cases, train = splits["validation"].head(2), splits["train"].head(2)
     names = ("float32, batch 1", "bfloat16 autocast, batch 4", "int8 dynamic (torch), heads re-fitted")
     table = speed_table(model, cases, train, names, warmup=1)

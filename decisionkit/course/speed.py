@@ -83,11 +83,18 @@ SPEED_VARIANTS = {
 }
 
 
-def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5) -> float:
-    """This CPU's peak GFLOP/s for one ``size`` x ``size`` matrix product in ``dtype`` (float32 or bfloat16): the
-    fastest of ``repeats`` timed products after a warm-up (``precision.matmul_times``), so a floor computed from it
-    is a floor."""
-    return 2 * size ** 3 / min(matmul_times(getattr(torch, dtype), size, repeats)) / 1e9
+def matmul_rate(dtype: str, size: int = 2048, repeats: int = 5, enough: float = 0.02) -> float:
+    """This CPU's peak GFLOP/s for a square matrix product in ``dtype`` (float32 or bfloat16): the fastest of
+    ``repeats`` timed products after a warm-up (``precision.matmul_times``), so a floor computed from it is a floor.
+    The side doubles from 256 up to ``size`` while one product takes under ``enough`` seconds: where the dtype has no
+    kernels of its own (bfloat16 on an AVX2-only CPU, about 1 GFLOP/s) a 2048 x 2048 product takes tens of seconds,
+    and a smaller one already shows the rate."""
+    side = 256
+    while True:
+        times = matmul_times(getattr(torch, dtype), side, repeats)
+        if side >= size or min(times) >= enough:
+            return 2 * side ** 3 / min(times) / 1e9
+        side *= 2
 
 
 def forward_flops(backbone, tokens: int) -> float:
