@@ -29,15 +29,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import decisionkit as dk
 from decisionkit.core.precision import kernels
 from decisionkit.data.cases import dev_slice
 from decisionkit.data.metrics import paired_difference, score
-from decisionkit.model.features import FeatureSpec, extract_features, standardization
-from decisionkit.model.fitting import fit_heads, heads_answers
-from decisionkit.model.heads import HeadSet
+from decisionkit.model.features import FeatureSpec, extract_features
+from decisionkit.model.fitting import choose_recipe, heads_answers
 from decisionkit.model.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities, token_hybrid
 
 # (name, spec): attention pooling alone at two depths. Each costs its training alone: the states are cached. Tried
@@ -76,10 +74,7 @@ def main(argv=None) -> int:
         pooled = dict(zip(everything.ids, np.hstack([features.get("mean", layer) for layer in spec.layers])))
         # 1. the search on the dev slice
         started = time.perf_counter()
-        fit_x, dev_x = (np.stack([pooled[i] for i in split.ids]) for split in (fit, dev))
-        mean, std = standardization(fit_x)
-        fit_x, dev_x = (torch.as_tensor((x - mean) / std, dtype=torch.float32) for x in (fit_x, dev_x))
-        recipe = fit_heads(HeadSet(pool.schema(), fit_x.shape[1]), fit, dev, fit_x, dev_x, progress=False).recipe
+        recipe = choose_recipe(pooled, fit, dev)
         dev_scores = score(dev, heads_answers(pooled, recipe)(fit, dev)).overall()  # the same fit, from zero again
         rows = [{"setting": f"mean-pooled linear heads, layers {list(spec.layers)}", "layer": None,
                  "accuracy": dev_scores["accuracy"], "kl": dev_scores["kl"],

@@ -89,6 +89,15 @@ def test_a_part_mixed_out_of_fold_leans_on_what_answers_best(splits):
         for qid in case.questions:
             assert hybrid[qid].sum() == pytest.approx(1, abs=1e-5)  # the gold itself sums to 1 within 1e-6
             assert np.abs(hybrid[qid] - alone[qid]).max() <= 0.1 + 1e-9  # weight >= 0.9 on the part
+    # the same rows on the training cases, out of fold: each fold's answers, mixed at the weights chosen on them
+    held = mix.out_of_fold(train)
+    assert set(held) == {"oracle", "uniform", "oracle + trees", "uniform + trees", "together"}
+    assert all(len(answers) == len(train) for answers in held.values())
+    for case, alone, hybrid, trees in zip(train, held["oracle"], held["oracle + trees"], mix.held_out["trees"]):
+        for qid, gold in case.gold.items():
+            assert np.array_equal(alone[qid], gold.probabilities)
+            w = mix.weights["oracle"][case.workflow][qid][0]
+            assert hybrid[qid] == pytest.approx(w * gold.probabilities + (1 - w) * trees[qid])
 
 
 def test_token_answers_fit_on_one_split_and_answer_another(tiny_backbone, splits):

@@ -103,6 +103,16 @@ def refit_heads(heads: HeadSet, cases: Split, x: torch.Tensor, recipe: HeadRecip
         pass
 
 
+def choose_recipe(pooled: dict[str, np.ndarray], fit: Split, held_out: Split, **search) -> HeadRecipe:
+    """The ``HeadRecipe`` stage 1 picks for heads on ``pooled`` (case id -> vector; standardized with ``fit``'s
+    statistics): ``fit_heads`` on ``fit``, chosen on ``held_out``; ``search``: ``fit_heads``' L2 grid, steps, rate."""
+    fit_x, held_x = (np.stack([pooled[i] for i in split.ids]) for split in (fit, held_out))
+    mean, std = standardization(fit_x)
+    fit_x, held_x = (torch.as_tensor((x - mean) / std, dtype=torch.float32) for x in (fit_x, held_x))
+    return fit_heads(HeadSet(fit.schema(), fit_x.shape[1]), fit, held_out, fit_x, held_x, progress=False,
+                     **search).recipe
+
+
 def heads_answers(pooled: dict[str, np.ndarray], recipe: HeadRecipe):
     """``answers(fitted_on, asked)``, a part ``mix_out_of_fold`` mixes: linear heads fitted from zero by ``recipe``
     on the pooled features of the Split ``fitted_on`` (``pooled``: case id -> vector; standardized with
@@ -139,6 +149,17 @@ class OutOfFoldMix:
     together: list[dict]  # every part and the trees, weighted (the same as ``hybrid`` for one part)
     weights: dict[str, dict]  # part name, or "together" -> workflow -> question -> the weights (the trees' last)
     seconds: float  # every fit: the parts' and the trees' on the folds and on all of train
+    held_out: dict[str, list[dict]]  # part name or "trees" -> its answers on each training case, out of fold
+
+    def out_of_fold(self, train: Split) -> dict[str, list[dict]]:
+        """What ``alone``, ``hybrid`` and ``together`` hold, on the training cases out of fold (at the weights chosen
+        on these same answers: slightly optimistic, alike for every part)."""
+        parts = [name for name in self.held_out if name != "trees"]
+        return {**{name: self.held_out[name] for name in parts},
+                **{f"{name} + trees": blend(train, [self.held_out[name], self.held_out["trees"]], self.weights[name])
+                   for name in parts},
+                "together": blend(train, [self.held_out[name] for name in [*parts, "trees"]],
+                                  self.weights["together"])}
 
 
 def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUCTURED_FOLDS,
@@ -167,7 +188,7 @@ def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUC
     return OutOfFoldMix({name: final[name] for name in parts},
                         {name: blend(scored, [final[name], final["trees"]], weights[name]) for name in parts},
                         blend(scored, [final[name] for name in [*parts, "trees"]], weights["together"]), weights,
-                        time.perf_counter() - started)
+                        time.perf_counter() - started, held_out)
 
 
 @dataclass
