@@ -123,10 +123,9 @@ def main(argv=None) -> int:
     mix = mix_out_of_fold({name: heads_answers(readings[name], recipe) for name, recipe in recipes.items()},
                           train, test)
     seconds["five folds and the final fits of every part and the trees"] = mix.seconds
-    on_test = {**mix.alone, **{f"{name} + trees": answers for name, answers in mix.hybrid.items()},
-               "all parts + trees": mix.together}
-    held = mix.out_of_fold(train)
-    held["all parts + trees"] = held.pop("together")
+    on_test, held = mix.on_scored(), mix.out_of_fold(train)
+    for rows in (on_test, held):
+        rows["all parts + trees"] = rows.pop("together")
     base = score(test, on_test["pooled heads + trees"])
     rows = []
     for name, answers in on_test.items():

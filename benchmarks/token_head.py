@@ -98,9 +98,8 @@ def main(argv=None) -> int:
         mix = token_hybrid(backbone, pool, test, best_spec, max_length=spec.max_length, heads=recipe,
                            pooled_layers=spec.layers)
         seconds = time.perf_counter() - started
-        finals = {**{part: score(test, answers) for part, answers in mix.alone.items()},
-                  **{f"{part} + trees": score(test, answers) for part, answers in mix.hybrid.items()},
-                  "token head + pooled heads + trees": score(test, mix.together)}
+        finals = {"token head + pooled heads + trees" if part == "together" else part: score(test, answers)
+                  for part, answers in mix.on_scored().items()}
         test_rows = {k: {m: float(s.overall()[m]) for m in ("accuracy", "kl", "brier")} for k, s in finals.items()}
         gains = {}
         for alone, base in (("token head", "pooled heads"), ("token head + trees", "pooled heads + trees"),

@@ -151,15 +151,26 @@ class OutOfFoldMix:
     seconds: float  # every fit: the parts' and the trees' on the folds and on all of train
     held_out: dict[str, list[dict]]  # part name or "trees" -> its answers on each training case, out of fold
 
+    def on_scored(self) -> dict[str, list[dict]]:
+        """Every row on the scored cases by name: each part, each part + trees, and "together"."""
+        return _named(self.alone, self.hybrid, self.together)
+
     def out_of_fold(self, train: Split) -> dict[str, list[dict]]:
-        """What ``alone``, ``hybrid`` and ``together`` hold, on the training cases out of fold (at the weights chosen
-        on these same answers: slightly optimistic, alike for every part)."""
-        parts = [name for name in self.held_out if name != "trees"]
-        return {**{name: self.held_out[name] for name in parts},
-                **{f"{name} + trees": blend(train, [self.held_out[name], self.held_out["trees"]], self.weights[name])
-                   for name in parts},
-                "together": blend(train, [self.held_out[name] for name in [*parts, "trees"]],
-                                  self.weights["together"])}
+        """``on_scored``'s rows on the training cases out of fold (at the weights chosen on these same answers:
+        slightly optimistic, alike for every part)."""
+        return _named(*_mixed(train, self.held_out, self.weights))
+
+
+def _mixed(cases: Split, answers: dict[str, list[dict]], weights: dict[str, dict]):
+    """``(alone, hybrid, together)`` of ``answers`` (part name or "trees" -> answers on ``cases``) at ``weights``."""
+    parts = [name for name in answers if name != "trees"]
+    return ({name: answers[name] for name in parts},
+            {name: blend(cases, [answers[name], answers["trees"]], weights[name]) for name in parts},
+            blend(cases, [answers[name] for name in [*parts, "trees"]], weights["together"]))
+
+
+def _named(alone: dict, hybrid: dict, together: list[dict]) -> dict[str, list[dict]]:
+    return {**alone, **{f"{name} + trees": answers for name, answers in hybrid.items()}, "together": together}
 
 
 def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUCTURED_FOLDS,
@@ -185,10 +196,7 @@ def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUC
              **{name: part(train, scored) for name, part in parts.items()}}
     weights = {name: part_weights(train, [held_out[name], held_out["trees"]]) for name in parts}
     weights["together"] = part_weights(train, [held_out[name] for name in [*parts, "trees"]])
-    return OutOfFoldMix({name: final[name] for name in parts},
-                        {name: blend(scored, [final[name], final["trees"]], weights[name]) for name in parts},
-                        blend(scored, [final[name] for name in [*parts, "trees"]], weights["together"]), weights,
-                        time.perf_counter() - started, held_out)
+    return OutOfFoldMix(*_mixed(scored, final, weights), weights, time.perf_counter() - started, held_out)
 
 
 @dataclass
