@@ -203,3 +203,16 @@ def test_ladder_bars_one_bar_group_per_workflow_and_a_bar_per_model():
     assert kinds(fig) == ["bar", "bar"] and [t.name for t in fig.data] == ["trees", "hybrid"]
     assert list(fig.data[1].y) == [0.8, 0.75] and list(fig.data[0].x) == ["invoices", "incidents"]
     assert fig.layout.title.text and fig.layout.yaxis.title.text == "test accuracy" and fig.layout.xaxis.title.text
+
+
+def test_two_paths_shows_both_paths_box_by_box_and_the_hybrid():
+    fig = plots.two_paths()
+    texts = [a.text for a in fig.layout.annotations]
+    rects = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(rects) == len(plots._GENERATE) + len(plots._DECIDE) + 1  # a box per step, and the trees
+    for label, _ in plots._GENERATE + plots._DECIDE:
+        assert label in texts
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    # one arrow between consecutive boxes of each path, the decoding loop, the trees' arrow into the heads
+    assert len(arrows) == len(plots._GENERATE) - 1 + len(plots._DECIDE) - 1 + 2
+    assert not fig.layout.xaxis.visible and not fig.layout.yaxis.visible and fig.layout.title.text

@@ -87,8 +87,8 @@ def untitled(notebook: Path) -> list[str]:
             if not (layout.get("title") or {}).get("text"):
                 found.append(f"cell {index}: a figure without a title")
             for name, axis in layout.items():
-                if not name.startswith(("xaxis", "yaxis")):
-                    continue
+                if not name.startswith(("xaxis", "yaxis")) or axis.get("visible") is False:
+                    continue  # a hidden axis (a diagram's) shows no title to read
                 text = (axis.get("title") or {}).get("text") or ""
                 if not text:
                     found.append(f"cell {index}: {name} has no title")
@@ -104,8 +104,10 @@ def test_the_check_finds_untitled_figures_and_unlabelled_log_axes(tmp_path):
 
     titled = {"title": {"text": "Latency"}, "xaxis": {"title": {"text": "clients (log scale)"}, "type": "log"},
               "yaxis": {"title": {"text": "ms"}}}
+    diagram = {"title": {"text": "Two paths"}, "xaxis": {"visible": False}, "yaxis": {"visible": False}}
     cells = [{"cell_type": "code", "execution_count": 1, "source": [], "outputs": [
-        figure({"xaxis": {"title": {"text": "clients"}, "type": "log"}, "yaxis": {}}), figure(titled)]}]
+        figure({"xaxis": {"title": {"text": "clients"}, "type": "log"}, "yaxis": {}}), figure(titled),
+        figure(diagram)]}]
     path = tmp_path / "figures.ipynb"
     path.write_text(json.dumps({"cells": cells}))
     assert untitled(path) == ["cell 0: a figure without a title",

@@ -69,6 +69,50 @@ def mimebundle(fig: go.Figure) -> dict:
     return bundle
 
 
+# The two paths of notebook 00's opener: (label, x of its centre) per box; one row per path.
+_GENERATE = (("state + prompt", 0.09), ("LLM: one forward pass<br>per generated token", 0.29),
+             ("JSON text, token<br>by token", 0.49), ("parse it<br>(it can break)", 0.69),
+             ("one label per question,<br>no probability", 0.89))
+_DECIDE = (("state", 0.09), ("language model:<br>one forward pass", 0.29), ("pool the last hidden<br>states: one vector", 0.49),
+           ("one linear head per<br>typed question", 0.69), ("a probability for every<br>option, confidence", 0.89))
+
+
+def two_paths() -> go.Figure:
+    """The diagram of notebook 00: generating JSON token by token (a forward pass per token, then a parse) against
+    a decision model (one forward pass, one pooled vector, a linear head per question), and the hybrid's trees on
+    the state's fields beside the heads."""
+    fig = go.Figure()
+    rows = (("Generate JSON (what the course replaces)", 0.74, _GENERATE, PALETTE[1]),
+            ("Decision model (what the course builds)", 0.32, _DECIDE, PALETTE[0]))
+    for title, y, boxes, colour in rows:
+        fig.add_annotation(x=0.0, y=y + 0.25, text=f"<b>{title}</b>", showarrow=False, xanchor="left",
+                           font={"size": 14, "color": colour})
+        for k, (label, x) in enumerate(boxes):
+            fig.add_shape(type="rect", x0=x - 0.08, x1=x + 0.08, y0=y - 0.09, y1=y + 0.09, line_color=colour,
+                          fillcolor="white")
+            fig.add_annotation(x=x, y=y, text=label, showarrow=False, font={"size": 11})
+            if k:
+                fig.add_annotation(x=x - 0.08, y=y, ax=boxes[k - 1][1] + 0.08, ay=y, xref="x", yref="y",
+                                   axref="x", ayref="y", text="", showarrow=True, arrowhead=2, arrowcolor=colour)
+    # the decoding loop: each new token goes back in as input
+    fig.add_annotation(x=0.29, y=0.87, ax=0.49, ay=0.87, xref="x", yref="y", axref="x", ayref="y", text="",
+                       showarrow=True, arrowhead=2, arrowcolor=PALETTE[1])
+    fig.add_annotation(x=0.39, y=0.9, text="each new token is fed back: tens to hundreds of passes",
+                       showarrow=False, yanchor="bottom",
+                       font={"size": 11, "color": PALETTE[1]})
+    # the hybrid: trees on the state's own fields, averaged with the heads per question
+    fig.add_shape(type="rect", x0=0.61, x1=0.77, y0=0.02, y1=0.14, line={"color": PALETTE[2], "dash": "dash"},
+                  fillcolor="white")
+    fig.add_annotation(x=0.69, y=0.08, text="hybrid: trees on the<br>state's fields, averaged in", showarrow=False,
+                       font={"size": 11})
+    fig.add_annotation(x=0.69, y=0.23, ax=0.69, ay=0.14, xref="x", yref="y", axref="x", ayref="y", text="",
+                       showarrow=True, arrowhead=2, arrowcolor=PALETTE[2])
+    fig.update_xaxes(visible=False, range=[0, 0.98])
+    fig.update_yaxes(visible=False, range=[0, 1.06])
+    return fig.update_layout(template=TEMPLATE, title="Two ways to get typed answers from a language model",
+                             width=980, height=430, margin={"l": 10, "r": 10, "t": 50, "b": 10})
+
+
 def length_histogram(stats) -> go.Figure:
     """Token lengths of a split's rendered states, one colour per workflow."""
     fig = px.histogram(x=stats.lengths, color=stats.workflows, nbins=40, barmode="overlay", opacity=0.6,
