@@ -109,3 +109,71 @@ def test_paired_difference_resamples_cases_and_brackets_the_gain(splits):
         paired_difference(uniform, gold, "f1")
     with pytest.raises(ValueError, match="different decisions"):
         paired_difference(uniform, score(cases.head(2), uniform_predictions(cases.head(2))))
+
+
+def test_unpaired_difference_resamples_each_split_on_its_own():
+    from decisionkit.data.metrics import unpaired_difference
+    from decisionkit.data.scenarios import load_scenario
+
+    test, other = load_scenario("tickets", "test"), load_scenario("tickets", "other-voice")
+    gold = score(other, [{q: c.gold[q].probabilities for q in c.questions} for c in other])
+    uniform = score(test, uniform_predictions(test))
+    gap, low, high = unpaired_difference(uniform, gold)
+    assert gap == pytest.approx(gold.overall()["accuracy"] - uniform.overall()["accuracy"])
+    assert 0 < low < gap < high  # answering the gold beats uniform answers beyond noise, on other cases
+    same, low, high = unpaired_difference(uniform, uniform, "kl")
+    assert same == 0 and low < 0 < high  # two independent draws of the same cases differ only by the draw
+    assert unpaired_difference(gold, uniform, "ece", resamples=200)[0] == pytest.approx(
+        uniform.overall()["ece"] - gold.overall()["ece"])
+    one = score(test.head(1), uniform_predictions(test.head(1)))
+    assert np.isnan(unpaired_difference(one, gold)[1:]).all()  # one case: nothing to resample
+    with pytest.raises(ValueError, match="expected one of accuracy"):
+        unpaired_difference(uniform, gold, "f1")
+
+
+def test_split_gap_puts_two_splits_side_by_side_per_question():
+    from decisionkit.data.metrics import split_gap
+    from decisionkit.data.scenarios import load_scenario
+
+    train, test, other = (load_scenario("tickets", s) for s in ("train", "test", "other-voice"))
+
+    class Prior:  # a "model" that answers the training prior: the majority baseline on each split
+        def predict(self, cases):
+            return prior_predictions(train, cases)
+
+    table = split_gap(Prior(), test, other, resamples=500)
+    assert list(table.columns) == ["test", "other-voice", "gap", "95% interval, low", "95% interval, high"]
+    assert list(table.index) == ["contains_pii", "language", "priority", "sentiment", "team", "all questions"]
+    for split in (test, other):
+        per_question = score(split, prior_predictions(train, split)).summary("question")["accuracy"]
+        assert table[split.name].drop("all questions").to_dict() == pytest.approx(per_question.to_dict())
+    assert table["gap"].to_numpy() == pytest.approx((table["other-voice"] - table["test"]).to_numpy())
+    assert (table["95% interval, low"] <= table["gap"]).all() and (table["gap"] <= table["95% interval, high"]).all()
+    with pytest.raises(ValueError, match="both splits are named 'test'"):
+        split_gap(Prior(), test, test)
+
+
+def test_wrong_answers_lists_the_misses_most_confident_first():
+    from decisionkit.data.metrics import wrong_answers
+    from decisionkit.data.scenarios import load_scenario
+
+    train, other = load_scenario("tickets", "train"), load_scenario("tickets", "other-voice")
+
+    class Prior:  # answers every ticket with the training prior: `low` priority, whatever it says
+        def predict(self, cases):
+            return prior_predictions(train, cases)
+
+    table = wrong_answers(Prior(), other, "priority", width=40)
+    assert list(table.columns) == ["text", "characters", "gold", "answer", "probability"]
+    assert (table["answer"] == "low").all() and set(table["gold"]) == {"medium", "high"}
+    not_low = [c.id for c in other if c.questions["priority"].options[c.gold["priority"].top] != "low"]
+    assert sorted(table.index) == sorted(not_low)
+    assert table["text"].str.len().max() <= 40 and not table["text"].str.contains("\n").any()
+    assert table.loc["ov-001", "characters"] == len(other[0].state)
+    class Gold:  # answers the gold itself: nothing to list
+        def predict(self, cases):
+            return [{q: c.gold[q].probabilities for q in c.questions} for c in cases]
+
+    assert wrong_answers(Gold(), other, "team").empty
+    with pytest.raises(ValueError, match="has no question 'urgency'"):
+        wrong_answers(Prior(), other, "urgency")

@@ -6,7 +6,7 @@ import pytest
 import decisionkit
 from decisionkit.data.cases import DataError
 from decisionkit.data.metrics import score, uniform_predictions
-from decisionkit.data.scenarios import load_examples, load_scenario, load_schema
+from decisionkit.data.scenarios import DATA_DIR, load_examples, load_scenario, load_schema
 from decisionkit.training.trainer import evaluate, fit_model, preset, split_uses, training_splits
 
 SCHEMA = {
@@ -117,3 +117,42 @@ def test_scenario_presets_keep_dev_and_validation_apart():
     alone = split_uses(preset("ngs-qc", dev_per_workflow=0))  # no dev slice: validation picks and calibrates
     assert list(alone.index) == ["train", "validation", "test"]
     assert alone.loc["validation", "used for"].startswith("picks L2 and steps")
+
+
+def test_other_voice_tickets_are_a_scored_only_split_of_their_own():
+    other = load_scenario("tickets", "other-voice")
+    schema = load_schema(DATA_DIR / "tickets" / "schema.json")
+    assert len(other) == 40 and other.name == "other-voice" and other.workflows == ["tickets"]
+    assert set(schema) == {"team", "priority", "sentiment", "contains_pii", "language"}
+    for case in other:
+        assert set(case.gold) == set(case.questions) == set(schema)
+        for q, gold in case.gold.items():
+            p = gold.probabilities
+            assert p.shape == (len(schema[q].options),) and (p >= 0).all() and p.sum() == pytest.approx(1)
+            assert gold.label == schema[q].options[int(np.argmax(p))]
+    assert any(0 < g.probabilities.max() < 1 for c in other for g in c.gold.values())  # soft labels, as in the set
+    main = [json.loads(line) for line in (DATA_DIR / "tickets" / "tickets.jsonl").read_text(encoding="utf-8").split("\n")
+            if line.strip()]
+
+    def normalised(text):
+        return " ".join(text.lower().split())
+
+    assert all(isinstance(c.state, str) for c in other)  # the ticket as written (c.text adds the workflow line)
+    assert not {normalised(c.state) for c in other} & {normalised(r["text"]) for r in main}  # no text shared
+    assert not set(other.ids) & {r["id"] for r in main}
+    for split in training_splits(preset("tickets")):  # the trainer never reads it
+        assert not set(split.ids) & set(other.ids)
+
+
+def test_a_scored_only_split_keeps_to_its_own_file(tmp_path):
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    write(tmp_path, [row(1), row(2, split="test")])
+    with pytest.raises(FileNotFoundError, match="has no other_voice.jsonl"):
+        load_scenario(tmp_path, "other-voice")
+    write(tmp_path, [row(3, split="other-voice"), row(4, split="test")], name="other_voice.jsonl")
+    assert load_scenario(tmp_path, "train").ids == ["e1"]  # the scored-only file is not a second examples file
+    with pytest.raises(DataError, match="other_voice.jsonl:2: field 'split' is 'test'; expected one of other-voice"):
+        load_scenario(tmp_path, "other-voice")
+    write(tmp_path, [row(1), row(2, split="other-voice")])
+    with pytest.raises(DataError, match="examples.jsonl:2: field 'split' is 'other-voice'; expected one of train"):
+        load_scenario(tmp_path, "train")

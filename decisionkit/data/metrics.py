@@ -159,6 +159,84 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
     return difference(np.arange(len(a))), float(low), float(high)
 
 
+def unpaired_difference(first: Scores, second: Scores, metric: str = "accuracy", resamples: int = 2000,
+                        level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """``second`` minus ``first`` on different cases (two splits: a test split and tickets written by other people,
+    say): the difference in ``metric`` (one of ``PAIRED_METRICS``; ``ece`` over ``first``'s bins) and its percentile
+    bootstrap interval at ``level``. Each side's cases are resampled on their own, a case's decisions together
+    (``scipy.stats.bootstrap``, unpaired, over case indices; no interval, NaN, when a side has one case)."""
+    if metric not in PAIRED_METRICS:
+        raise ValueError(f"metric is {metric!r}; expected one of {', '.join(PAIRED_METRICS)}")
+    if first.decisions.empty or second.decisions.empty:
+        raise ValueError("each Scores needs at least one decision")
+
+    def side(scores: Scores):
+        d = scores.decisions
+        column = "correct" if metric in ("accuracy", "ece") else metric
+        values, confidence = d[column].to_numpy(float), d["confidence"].to_numpy(float)
+        codes, _ = pd.factorize(d["case"])
+        rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]  # each case's decisions
+
+        def value(cases) -> float:
+            picked = np.concatenate([rows[k] for k in cases])
+            if metric == "ece":
+                return expected_calibration_error(confidence[picked], values[picked], first.ece_bins)
+            return float(values[picked].mean())
+        return value, len(rows)
+
+    (value_a, n_a), (value_b, n_b) = side(first), side(second)
+    gap = value_b(range(n_b)) - value_a(range(n_a))
+    if min(n_a, n_b) < 2:
+        return gap, float("nan"), float("nan")
+    drawn = bootstrap((np.arange(n_a), np.arange(n_b)), lambda a, b: value_b(b) - value_a(a), paired=False,
+                      vectorized=False, n_resamples=resamples, confidence_level=level, method="percentile", rng=seed)
+    low, high = drawn.confidence_interval
+    return gap, float(low), float(high)
+
+
+def split_gap(model, first: Split, second: Split, metric: str = "accuracy", level: float = 0.95,
+              resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Per question and over all questions: ``model``'s ``metric`` on two splits (its test split and tickets
+    written by other people, say), the gap (second minus first) and its bootstrap interval at ``level``
+    (``unpaired_difference``). A gap whose interval holds 0 is not one these two sets can tell from noise."""
+    if first.name == second.name:
+        raise ValueError(f"both splits are named {first.name!r}; compare two different splits")
+    a, b = (score(s, model.predict(s)) for s in (first, second))
+    interval = (f"{level:.0%} interval, low", f"{level:.0%} interval, high")
+    rows = {}
+    for question in [*sorted(set(a.decisions["question"])), "all questions"]:
+        pair = [s if question == "all questions" else Scores(s.decisions[s.decisions["question"] == question],
+                                                             s.ece_bins) for s in (a, b)]
+        gap, low, high = unpaired_difference(*pair, metric, resamples, level, seed)
+        rows[question] = {first.name: pair[0].overall()[metric], second.name: pair[1].overall()[metric], "gap": gap,
+                          interval[0]: low, interval[1]: high}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "question"
+    return table
+
+
+def wrong_answers(model, cases: Split, question: str, width: int = 90) -> pd.DataFrame:
+    """The cases whose top answer to ``question`` is not the gold's most probable option, the most confident first:
+    the start of each state on one line (``width`` characters), its length in characters, the gold option, the
+    answer and the probability the model gave it. What a head gets wrong, to read beside what it gets right."""
+    rows = []
+    for case, predicted in zip(cases, model.predict(cases)):
+        if question not in case.questions:
+            raise ValueError(f"case {case.id} has no question {question!r}; it asks {list(case.questions)}")
+        p = np.asarray(predicted[question], dtype=float)
+        top = int(np.argmax(p))
+        if top != case.gold[question].top:
+            state = case.state if isinstance(case.state, str) else case.text
+            line = " ".join(state.split())
+            rows.append({"case": case.id, "text": line if len(line) <= width else line[:width - 1] + "…",
+                         "characters": len(state), "gold": case.questions[question].options[case.gold[question].top],
+                         "answer": case.questions[question].options[top], "probability": float(p[top])})
+    columns = ["text", "characters", "gold", "answer", "probability"]
+    if not rows:
+        return pd.DataFrame(columns=columns, index=pd.Index([], name="case"))
+    return pd.DataFrame(rows).set_index("case")[columns].sort_values("probability", ascending=False)
+
+
 def uniform_predictions(cases: Split) -> list[dict[str, np.ndarray]]:
     """Every option equally likely: the benchmark's "Uniform" reference row."""
     return [{qid: np.full(len(q.options), 1 / len(q.options)) for qid, q in c.questions.items()} for c in cases]

@@ -11,6 +11,11 @@ and a distribution is written as JSON in its cell.
 and ``decide`` work unchanged; the workflow name is the scenario's name. The project ships two scenarios as
 package data in ``decisionkit/scenario_data/``: ``tickets`` (support tickets) and ``ngs-qc`` (sequencing
 quality-control reports).
+
+A scenario may also hold a **scored-only** split in a file of its own (``SCORED_ONLY``): cases that nothing is
+trained on or chosen with, only scored. ``load_scenario("tickets", "other-voice")`` reads the tickets' one:
+40 tickets written by an author who wrote none of ``tickets.jsonl``, in other registers, to measure how far the
+model's scores carry to text written by other people.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from .questions import DataError, Question
 DATA_DIR = Path(str(files("decisionkit") / "scenario_data"))
 SCENARIOS = ("tickets", "ngs-qc")
 SPLIT_NAMES = ("train", "validation", "test")
+# Scored-only splits: split name -> the file beside the examples that holds it (every row's ``split`` is the name).
+# Nothing is trained on them or chosen with them; the trainer reads train, validation and test only.
+SCORED_ONLY = {"other-voice": "other_voice.jsonl"}
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
@@ -74,16 +82,17 @@ def gold_from_label(question: Question, label: Any, where: str) -> Gold:
     raise DataError(f"{where}: field '{field}' must be an option of {list(question.options)} or a distribution")
 
 
-def example_case(row: Any, schema: dict[str, Question], workflow: str, where: str) -> tuple[str, Case]:
-    """(split, Case) of one labelled example."""
+def example_case(row: Any, schema: dict[str, Question], workflow: str, where: str,
+                 splits: tuple[str, ...] = SPLIT_NAMES) -> tuple[str, Case]:
+    """(split, Case) of one labelled example whose ``split`` is one of ``splits``."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: an example must be an object with id, split, text and labels")
     for key in ("id", "text", "labels"):
         if key not in row:
             raise DataError(f"{where}: field '{key}' is missing; an example needs id, split, text and labels")
     split = row.get("split")
-    if split not in SPLIT_NAMES:
-        raise DataError(f"{where}: field 'split' is {split!r}; expected one of {', '.join(SPLIT_NAMES)}")
+    if split not in splits:
+        raise DataError(f"{where}: field 'split' is {split!r}; expected one of {', '.join(splits)}")
     text = row["text"]
     if not isinstance(text, str) or not text.strip():
         raise DataError(f"{where}: field 'text' is empty; every example needs the text the model reads")
@@ -118,14 +127,17 @@ def _csv_rows(path: Path, schema: dict[str, Question]):
 
 
 def load_examples(path: str | Path, schema: dict[str, Question], workflow: str, split: str) -> Split:
-    """The examples of one split from a JSONL or CSV file, checked against ``schema``."""
-    if split not in SPLIT_NAMES:
-        raise ValueError(f"split is {split!r}; expected one of {', '.join(SPLIT_NAMES)}")
+    """The examples of one split from a JSONL or CSV file, checked against ``schema``. A scored-only split's file
+    (``SCORED_ONLY``) holds that split alone: a row of another split there is refused, as is one of it elsewhere."""
+    names = SPLIT_NAMES + tuple(SCORED_ONLY)
+    if split not in names:
+        raise ValueError(f"split is {split!r}; expected one of {', '.join(names)}")
+    allowed = (split,) if split in SCORED_ONLY else SPLIT_NAMES
     path = Path(path)
     rows = _csv_rows(path, schema) if path.suffix == ".csv" else jsonl_rows(path)
     cases, seen = [], set()
     for where, row in rows:
-        row_split, case = example_case(row, schema, workflow, where)
+        row_split, case = example_case(row, schema, workflow, where, allowed)
         if case.id in seen:
             raise DataError(f"{where}: field 'id' {case.id!r} is used twice")
         seen.add(case.id)
@@ -145,11 +157,20 @@ def scenario_folder(name_or_folder: str | Path) -> Path:
 
 
 def load_scenario(name_or_folder: str | Path, split: str = "train") -> Split:
-    """One split of a scenario folder (``tickets``, ``ngs-qc`` or your own)."""
+    """One split of a scenario folder (``tickets``, ``ngs-qc`` or your own): train, validation or test from its
+    examples file, or a scored-only split (``"other-voice"``) from that split's own file."""
     folder = scenario_folder(name_or_folder)
-    examples = sorted(p for p in folder.iterdir() if p.suffix in (".jsonl", ".csv"))
+    if split in SCORED_ONLY:
+        path = folder / SCORED_ONLY[split]
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder} has no {SCORED_ONLY[split]}, the file of the scored-only split "
+                                    f"{split!r} (the tickets scenario has one)")
+        return load_examples(path, load_schema(folder / "schema.json"), folder.name, split)
+    examples = sorted(p for p in folder.iterdir()
+                      if p.suffix in (".jsonl", ".csv") and p.name not in SCORED_ONLY.values())
     if len(examples) != 1:
-        raise FileNotFoundError(f"{folder} must hold exactly one examples file (.jsonl or .csv); found "
+        raise FileNotFoundError(f"{folder} must hold exactly one examples file (.jsonl or .csv) beside any "
+                                f"scored-only split's ({', '.join(SCORED_ONLY.values())}); found "
                                 f"{[p.name for p in examples]}")
     schema = load_schema(folder / "schema.json")
     return load_examples(examples[0], schema, folder.name, split)
