@@ -1,7 +1,7 @@
 """Notebook 03's try-it panel in a real browser: JupyterLab in headless Chromium, driven the way a learner does.
 
 Running all of notebook 03 takes minutes even in quick mode, so the test runs a small notebook written at test
-time: notebook 03's imports cell, a cell that points every run folder at the small model the ``quick_model``
+time: notebook 03's imports cell, a cell that points its run folder at the small model the ``quick_model``
 fixture trained, then notebook 03's own cells from the one that loads the model to the panel's display, read from
 the ``.ipynb`` (found by content, so the test follows the notebook and breaks when those cells change). Then it
 types another state into the panel, presses Decide and reads the probability bars plotly drew in the page.
@@ -148,8 +148,7 @@ def test_notebook_03_panel_in_jupyterlab(routed_model, lab, tmp_path):
     path = routed_model
     model = decisionkit.load(path)  # the model the kernel loads, here to compute the answers the page must show
     imports, cells = notebook_03_cells()
-    bind = (f"# every run folder of notebook 03 reads as the small model the tests trained\n"
-            f"import collections\nFOLDERS = collections.defaultdict(lambda: Path({str(path)!r}))")
+    bind = f"# notebook 03's run folder reads as the small model the tests trained\nFOLDER = Path({str(path)!r})"
     url, token, root = lab
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in (imports, bind, *cells)])
     # the kernel spec exactly as the server lists it: a mismatch opens a "Select Kernel" dialog instead of a kernel
