@@ -124,6 +124,13 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: l
 PAIRED_METRICS = ("accuracy", "kl", "brier", "ece")  # what paired_difference compares
 
 
+def case_rows(cases) -> list[np.ndarray]:
+    """The positions of each case's decisions in ``cases`` (a case id per decision), one array per case in order of
+    first appearance: what the bootstraps resample, since a case's questions share one state."""
+    codes, _ = pd.factorize(pd.Series(cases))
+    return [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
+
+
 def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", resamples: int = 2000,
                       level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``after`` minus ``before`` on the same decisions: the difference in ``metric`` (one of ``PAIRED_METRICS``;
@@ -149,8 +156,7 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
 
         def difference(picked):
             return float(delta[picked].mean())
-    codes, _ = pd.factorize(a.index.get_level_values("case"))
-    rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]  # each case's decisions
+    rows = case_rows(a.index.get_level_values("case"))
     if len(rows) < 2:  # one case: nothing to resample
         return difference(np.arange(len(a))), float("nan"), float("nan")
     drawn = bootstrap((np.arange(len(rows)),), lambda cases: difference(np.concatenate([rows[k] for k in cases])),
@@ -174,8 +180,7 @@ def unpaired_difference(first: Scores, second: Scores, metric: str = "accuracy",
         d = scores.decisions
         column = "correct" if metric in ("accuracy", "ece") else metric
         values, confidence = d[column].to_numpy(float), d["confidence"].to_numpy(float)
-        codes, _ = pd.factorize(d["case"])
-        rows = [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]  # each case's decisions
+        rows = case_rows(d["case"])
 
         def value(cases) -> float:
             picked = np.concatenate([rows[k] for k in cases])
