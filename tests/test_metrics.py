@@ -3,9 +3,12 @@ import pytest
 
 from decisionkit.data.cases import Split, read_jsonl
 from decisionkit.data.metrics import (
+    Scores,
+    accuracy_interval,
     expected_calibration_error,
     paired_difference,
     prior_predictions,
+    reliability_bins,
     score,
     uniform_predictions,
 )
@@ -177,3 +180,25 @@ def test_wrong_answers_lists_the_misses_most_confident_first():
     assert wrong_answers(Gold(), other, "team").empty
     with pytest.raises(ValueError, match="has no question 'urgency'"):
         wrong_answers(Prior(), other, "urgency")
+
+
+def test_reliability_bins_give_each_bins_accuracy_its_wilson_interval():
+    confidence = np.array([0.95, 0.92, 0.91, 0.35, 0.32] + [0.75] * 10)
+    correct = np.array([1, 1, 1, 0, 0] + [1] * 5 + [0] * 5)
+    table = reliability_bins(confidence, correct)
+    assert table["decisions"].tolist() == [2, 10, 3]
+    # 5 of 10 right: the Wilson interval 0.237 to 0.763 (the textbook value)
+    assert (table.loc[7, "accuracy low"], table.loc[7, "accuracy high"]) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert table.loc[3, "accuracy low"] == pytest.approx(0, abs=1e-12) and 0 < table.loc[3, "accuracy high"] < 1  # 0 of 2
+    assert table.loc[9, "accuracy low"] > 0 and table.loc[9, "accuracy high"] == pytest.approx(1)  # 3 of 3
+    wider = reliability_bins(confidence, correct, level=0.99)
+    assert (wider["accuracy low"] <= table["accuracy low"] + 1e-12).all()  # a higher level, a wider interval
+
+
+def test_accuracy_interval_resamples_whole_cases(splits):
+    cases = splits["test"].head(10)
+    scores = score(cases, uniform_predictions(cases))
+    accuracy, low, high = accuracy_interval(scores)
+    assert accuracy == pytest.approx(scores.overall()["accuracy"]) and low <= accuracy <= high and low < high
+    one = Scores(scores.decisions[scores.decisions["case"] == cases[0].id])
+    assert np.isnan(accuracy_interval(one)[1])  # one case: nothing to resample

@@ -109,6 +109,9 @@ def test_reliability_diagram_carries_the_bins():
     assert [t.name for t in fig.data] == ["perfect calibration", "before"] and fig.layout.title.text == "T"
     assert list(fig.data[1].x) == pytest.approx([0.325, 0.925]) and list(fig.data[1].y) == [0.0, 0.5]
     assert list(fig.data[1].customdata[:, 0]) == [2, 2]  # decisions per bin, shown on hover
+    bars = fig.data[1].error_y  # each bin's accuracy interval, up and down from the point
+    assert list(bars.array) == pytest.approx(table["accuracy high"] - table["accuracy"])
+    assert list(bars.arrayminus) == pytest.approx(table["accuracy"] - table["accuracy low"])
     assert fig.layout.xaxis.title.text == "mean confidence of the top answer"
 
 
@@ -161,6 +164,20 @@ def test_latency_boxes_and_scaling_lines():
     fig = plots.scaling_lines([line])
     assert kinds(fig) == ["scatter"] and fig.data[0].name == "heads: 2 ms per question"  # the fitted slope
     assert list(fig.data[0].x) == [1, 2, 4] and list(fig.data[0].y) == [10.0, 12.0, 16.0]
+    # every tick of the log axes labelled in full: the counts asked, and milliseconds within the lines
+    assert list(fig.layout.xaxis.tickvals) == [1, 2, 4] and list(fig.layout.xaxis.ticktext) == ["1", "2", "4"]
+    assert list(fig.layout.yaxis.ticktext) == ["10", "15"]
+
+
+def test_log_ticks_label_every_tick_in_full_within_the_values():
+    assert plots.log_ticks([130, 220, 1600]) == {
+        "tickvals": [150, 200, 300, 500, 700, 1000, 1500],
+        "ticktext": ["150", "200", "300", "500", "700", "1,000", "1,500"]}
+    wide = plots.log_ticks([2.5, 10_268])  # too many of the finer steps: one a power of ten
+    assert wide["tickvals"] == [10, 100, 1000, 10_000] and wide["ticktext"][-1] == "10,000"
+    assert plots.log_ticks([126, 131])["ticktext"] == ["126", "131"]  # no step inside: the two ends
+    assert plots.log_ticks([0.0007, 0.002])["ticktext"] == ["0.0007", "0.001", "0.0015", "0.002"]
+    assert plots.log_ticks([0, -1.0]) == {}
 
 
 def test_load_curves_one_line_per_batch_size_in_each_panel():
@@ -175,7 +192,7 @@ def test_load_curves_one_line_per_batch_size_in_each_panel():
     assert fig.data[0].line.color == fig.data[1].line.color != fig.data[2].line.color == fig.data[3].line.color
     assert [t.showlegend for t in fig.data] == [None, False, None, False]
     assert fig.layout.yaxis.rangemode == fig.layout.yaxis2.rangemode == "tozero"
-    assert "log" in fig.layout.xaxis.title.text
+    assert "log" in fig.layout.xaxis.title.text and list(fig.layout.xaxis.tickvals) == [1, 4]
 
 
 def png_size(data: bytes) -> tuple[int, int]:

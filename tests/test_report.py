@@ -103,8 +103,12 @@ def test_an_ensemble_averages_and_a_ladder_prices_each_step(quick_model, splits)
     assert gain.iloc[2] == 0 and table["95% interval, low"].iloc[2] == 0  # the same answers gain nothing
     assert table["95% interval, low"].iloc[1] <= gain.iloc[1] <= table["95% interval, high"].iloc[1]
     assert list(ladder.by_workflow().columns) == list(table.index)
+    low, accuracy, high = ladder.by_workflow("low"), ladder.by_workflow(), ladder.by_workflow("high")
+    assert (low <= accuracy + 1e-12).all().all() and (accuracy <= high + 1e-12).all().all()
+    assert (low["uniform"] < high["uniform"]).any()  # a workflow's cases differ, so its accuracy has a spread
     fig = ladder.figure()
     assert len(fig.data) == 3 and fig.layout.title.text and fig.layout.yaxis.title.text
+    assert list(fig.data[1].error_y.array) == pytest.approx((high - accuracy)["model"].tolist())
 
 
 def test_the_hood_shows_the_code_the_package_runs():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import math
 import warnings
 
 import plotly.express as px
@@ -143,7 +144,8 @@ def learning_curve_figure(curve) -> go.Figure:
                     col=2)
     fig.add_scatter(x=rows.index, y=rows["train cross-entropy"], mode="lines+markers", name="train", row=1, col=2)
     fig.add_hline(y=curve.floor, line_dash="dot", annotation_text="gold entropy (floor)", row=1, col=2)
-    fig.update_xaxes(type="log", title="train cases (log scale)")
+    fig.update_xaxes(type="log", title="train cases (log scale)", tickvals=list(rows.index),
+                     ticktext=[f"{n:,}" for n in rows.index])  # the sizes trained, each labelled in full
     fig.update_yaxes(title="accuracy on the held-out cases", row=1, col=1)
     fig.update_yaxes(title="cross-entropy (nats per decision)", row=1, col=2)
     return fig.update_layout(template=TEMPLATE, title="Heads on frozen features: more data, same features")
@@ -167,11 +169,17 @@ def finetune_curves(histories: dict) -> go.Figure:
     return fig.update_layout(template=TEMPLATE, title="Fine-tuning, scored on the dev slice")
 
 
-def ladder_bars(by_workflow) -> go.Figure:
-    """Test accuracy per workflow (x), one bar per model (``report.Ladder.by_workflow``'s columns)."""
+def ladder_bars(by_workflow, low=None, high=None) -> go.Figure:
+    """Test accuracy per workflow (x), one bar per model (``report.Ladder.by_workflow``'s columns); ``low`` and
+    ``high``, frames of the same shape, draw each bar's interval."""
     fig = go.Figure()
     for k, name in enumerate(by_workflow.columns):
-        fig.add_bar(x=list(by_workflow.index), y=by_workflow[name], name=name, marker_color=PALETTE[k % len(PALETTE)])
+        bars = by_workflow[name]
+        error = None if low is None else {"type": "data", "symmetric": False, "thickness": 1,
+                                          "array": high[name].reindex(bars.index) - bars,
+                                          "arrayminus": bars - low[name].reindex(bars.index)}
+        fig.add_bar(x=list(by_workflow.index), y=bars, name=name, marker_color=PALETTE[k % len(PALETTE)],
+                    error_y=error)
     fig.update_yaxes(title="test accuracy", range=[0, 1])
     fig.update_xaxes(title="workflow")
     return fig.update_layout(template=TEMPLATE, barmode="group", title="Where each model is strong: accuracy by workflow")
@@ -210,13 +218,17 @@ def memory_bars(comparison) -> go.Figure:
 
 
 def reliability_diagram(tables: dict, title: str = "Reliability") -> go.Figure:
-    """Accuracy against mean confidence per bin, one line per stage (before / after), and the diagonal."""
+    """Accuracy against mean confidence per bin, one line per stage (before / after), each bin with its accuracy's
+    interval (``metrics.reliability_bins``' columns), and the diagonal."""
     fig = go.Figure()
     fig.add_scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
                     line={"dash": "dash", "color": "grey"})
     for stage, table in tables.items():
         fig.add_scatter(x=table["confidence"], y=table["accuracy"], mode="lines+markers", name=stage,
                         marker={"size": 6 + 14 * (table["decisions"] / table["decisions"].max())},
+                        error_y={"type": "data", "symmetric": False, "thickness": 1,
+                                 "array": table["accuracy high"] - table["accuracy"],
+                                 "arrayminus": table["accuracy"] - table["accuracy low"]},
                         customdata=table[["decisions"]], hovertemplate="confidence %{x:.2f}<br>accuracy %{y:.2f}"
                         "<br>%{customdata[0]} decisions")
     return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="mean confidence of the top answer",
@@ -273,12 +285,36 @@ def answer_bars(answers: dict, title: str = "Probability of each option, one pan
                              margin={"t": 80, "l": 150}, uniformtext={"minsize": 11, "mode": "show"})
 
 
+LOG_STEPS = ((1, 1.5, 2, 3, 5, 7), (1, 2, 5), (1,))  # tick mantissas for a log axis, finest first
+MAX_TICKS = 10
+
+
+def log_ticks(values) -> dict:
+    """Tick values and labels for a log axis over ``values``, each labelled in full (plotly labels a log axis's
+    minor ticks "2", "3", ... without their power of ten, which reads 300 ms as 3): the finest of ``LOG_STEPS``
+    times a power of ten that puts between two and ``MAX_TICKS`` ticks within the values, or the two ends, rounded,
+    where none does."""
+    positive = [float(v) for v in values if v > 0 and math.isfinite(v)]
+    if not positive:
+        return {}
+    low, high = min(positive), max(positive)
+    decades = range(math.floor(math.log10(low)), math.floor(math.log10(high)) + 1)
+    for steps in LOG_STEPS:
+        ticks = [round(m * 10.0 ** e, 12) for e in decades for m in steps if low <= m * 10.0 ** e <= high]
+        if 2 <= len(ticks) <= MAX_TICKS:
+            break
+    else:
+        ticks = sorted({float(f"{v:.3g}") for v in (low, high)})
+    return {"tickvals": ticks, "ticktext": [f"{t:,.10g}" for t in ticks]}
+
+
 def latency_boxes(timings, title: str = "Latency per request", axis: str = "what was timed") -> go.Figure:
     """One box per timed thing (named on the ``axis``), every sample shown, on a log axis (generation and a forward
     pass differ 10x+)."""
     fig = go.Figure()
     for t in timings:
         fig.add_box(y=t.samples_ms, name=t.name, boxpoints="all", jitter=0.4, pointpos=0)
+    fig.update_yaxes(**log_ticks([v for t in timings for v in t.samples_ms]))
     return fig.update_layout(template=TEMPLATE, title=title, xaxis_title=axis,
                              yaxis_title="milliseconds per call (log scale)", yaxis_type="log", showlegend=False)
 
@@ -290,6 +326,9 @@ def scaling_lines(scalings, title: str = "Cost of one more question") -> go.Figu
     for k, s in enumerate(scalings):
         fig.add_scatter(x=s.counts, y=s.ms, mode="lines+markers", name=f"{s.name}: {s.slope_ms:.3g} ms per question",
                         line_color=PALETTE[k % len(PALETTE)])
+    counts = sorted({c for s in scalings for c in s.counts})
+    fig.update_xaxes(tickvals=counts, ticktext=[f"{c:g}" for c in counts])  # the counts asked, nothing between
+    fig.update_yaxes(**log_ticks([v for s in scalings for v in s.ms]))
     return fig.update_layout(template=TEMPLATE, title=title, xaxis_title="questions about one input (log scale)",
                              yaxis_title="milliseconds per input, median (log scale)", xaxis_type="log",
                              yaxis_type="log", legend={"orientation": "h", "y": -0.2})
@@ -309,7 +348,9 @@ def load_curves(table) -> go.Figure:
                         line_color=color, row=1, col=1)
         fig.add_scatter(x=clients, y=group["p99 ms"] / 1e3, mode="lines+markers", name=name, legendgroup=name,
                         line_color=color, showlegend=False, row=1, col=2)
-    fig.update_xaxes(type="log", title_text="concurrent clients (log scale)")
+    clients = sorted(set(table.index.get_level_values("clients")))
+    fig.update_xaxes(type="log", title_text="concurrent clients (log scale)", tickvals=clients,
+                     ticktext=[str(c) for c in clients])
     fig.update_yaxes(title_text="requests / s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=2)
     return fig.update_layout(template=TEMPLATE, title="Serving on loopback: batching on and off")

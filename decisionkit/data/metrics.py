@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.stats import bootstrap
+from scipy.stats import binomtest, bootstrap
 
 from .cases import Split
 
@@ -27,8 +27,12 @@ KL_FLOOR = 1e-12  # the strictest floor the benchmark's scorers use
 ECE_BINS = 10
 
 
-def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> pd.DataFrame:
-    """Equal-width confidence bins (the last one closed): decisions, mean confidence and accuracy per bin."""
+def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS,
+                     level: float = 0.95) -> pd.DataFrame:
+    """Equal-width confidence bins (the last one closed): decisions, mean confidence and accuracy per bin, with the
+    accuracy's Wilson score interval at ``level`` (``scipy.stats.binomtest``; within [0, 1], and not empty for a
+    bin all right or all wrong). It takes the decisions as independent, so it is the narrowest honest interval: the
+    questions of one case share a state."""
     confidence = np.asarray(confidence, dtype=float)
     correct = np.asarray(correct, dtype=float)
     index = np.minimum((confidence * bins).astype(int), bins - 1)
@@ -37,6 +41,9 @@ def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = EC
                                      accuracy=("accuracy", "mean"))
     table.insert(0, "low", table.index / bins)
     table.insert(1, "high", (table.index + 1) / bins)
+    intervals = [binomtest(round(a * n), n).proportion_ci(level, method="wilson")
+                 for a, n in zip(table["accuracy"], table["decisions"])]
+    table["accuracy low"], table["accuracy high"] = [i.low for i in intervals], [i.high for i in intervals]
     return table
 
 
@@ -129,6 +136,20 @@ def case_rows(cases) -> list[np.ndarray]:
     first appearance: what the bootstraps resample, since a case's questions share one state."""
     codes, _ = pd.factorize(pd.Series(cases))
     return [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
+
+
+def accuracy_interval(scores: Scores, level: float = 0.95, resamples: int = 2000,
+                      seed: int = 0) -> tuple[float, float, float]:
+    """The accuracy of ``scores`` and its percentile bootstrap interval at ``level``, the cases resampled with all
+    their decisions (a case's questions share one state; NaN bounds from one case)."""
+    correct = scores.decisions["correct"].to_numpy(float)
+    rows = case_rows(scores.decisions["case"])
+    accuracy = float(correct.mean())
+    if len(rows) < 2:
+        return accuracy, float("nan"), float("nan")
+    drawn = bootstrap((np.arange(len(rows)),), lambda cases: float(correct[np.concatenate([rows[k] for k in cases])].mean()),
+                      vectorized=False, n_resamples=resamples, confidence_level=level, method="percentile", rng=seed)
+    return accuracy, float(drawn.confidence_interval.low), float(drawn.confidence_interval.high)
 
 
 def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", resamples: int = 2000,

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..core.atomic import write_text
 from ..core.environment import environment
-from ..data.metrics import Scores, paired_difference
+from ..data.metrics import Scores, accuracy_interval, paired_difference
 from ..data.seed import SEED
 from ..model.saving import DECISIONS_FILE, HISTORY_FILE, REPORT_FILE, REPORT_PAGE
 
@@ -191,11 +191,19 @@ class Ladder:
                                      "gain low": f"{self.level:.0%} interval, low",
                                      "gain high": f"{self.level:.0%} interval, high"})
 
-    def by_workflow(self) -> pd.DataFrame:
-        """Accuracy per workflow, one column per model: where each part is strong."""
-        return pd.DataFrame({name: s.summary("workflow")["accuracy"] for name, s in self.scores.items()})
+    def by_workflow(self, bound: str | None = None) -> pd.DataFrame:
+        """Accuracy per workflow, one column per model: where each part is strong. ``bound``: "low" or "high" gives
+        that end of each accuracy's bootstrap interval at the ladder's level instead (``metrics.accuracy_interval``,
+        over the workflow's cases)."""
+        if bound is None:
+            return pd.DataFrame({name: s.summary("workflow")["accuracy"] for name, s in self.scores.items()})
+        end = {"low": 1, "high": 2}[bound]
+        return pd.DataFrame({name: {workflow: accuracy_interval(Scores(d, s.ece_bins), self.level)[end]
+                                    for workflow, d in s.decisions.groupby("workflow")}
+                             for name, s in self.scores.items()})
 
     def figure(self):
+        """Accuracy per workflow, a bar per model, each with its interval."""
         from ..core.plots import ladder_bars
 
-        return ladder_bars(self.by_workflow())
+        return ladder_bars(self.by_workflow(), self.by_workflow("low"), self.by_workflow("high"))
