@@ -11,6 +11,7 @@ from decisionkit.data.metrics import (
     reliability_bins,
     score,
     uniform_predictions,
+    wilson_interval,
 )
 
 
@@ -193,6 +194,12 @@ def test_reliability_bins_give_each_bins_accuracy_its_wilson_interval():
     assert table.loc[9, "accuracy low"] > 0 and table.loc[9, "accuracy high"] == pytest.approx(1)  # 3 of 3
     wider = reliability_bins(confidence, correct, level=0.99)
     assert (wider["accuracy low"] <= table["accuracy low"] + 1e-12).all()  # a higher level, a wider interval
+
+
+def test_wilson_interval_matches_the_textbook():
+    low, high = wilson_interval([0.5, 1.0], [10, 5])
+    assert (low[0], high[0]) == pytest.approx((0.2366, 0.7634), abs=1e-4)  # 5 of 10
+    assert (low[1], high[1]) == pytest.approx((5 / (5 + 1.959964**2), 1.0), abs=1e-4)  # 5 of 5: n / (n + z^2)
 
 
 def test_accuracy_interval_resamples_whole_cases(splits):

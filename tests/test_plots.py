@@ -15,7 +15,7 @@ from decisionkit.course.latency import Scaling, Timing
 from decisionkit.course.memory import compare
 from decisionkit.course.probe import LearningCurve, ProbeComparison, ProbeResult
 from decisionkit.data.cases import LengthStats
-from decisionkit.data.metrics import reliability_bins, score, uniform_predictions
+from decisionkit.data.metrics import reliability_bins, score, uniform_predictions, wilson_interval
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -43,6 +43,10 @@ def test_probe_bars_one_bar_group_per_probe(splits):
     assert list(fig.data[0].x) == ["all", *by_type.index]  # "accuracy" then one bar per question type
     assert list(fig.data[0].y) == pytest.approx([round(uniform.overall()["accuracy"], 3),
                                                  *by_type.round(3).tolist()])
+    low, high = wilson_interval(fig.data[0].y, [uniform.overall()["decisions"], *uniform.summary("type")["decisions"]])
+    assert list(fig.data[0].error_y.array) == pytest.approx(high - fig.data[0].y)
+    assert list(fig.data[0].error_y.arrayminus) == pytest.approx(fig.data[0].y - low)
+    assert (low < high).all() and fig.layout.title.text.endswith("(bars: 95% interval)")
     assert tuple(fig.layout.yaxis.range) == (0, 1)
 
 

@@ -103,7 +103,7 @@ def test_an_ensemble_averages_and_a_ladder_prices_each_step(quick_model, splits)
     assert gain.iloc[2] == 0 and table["95% interval, low"].iloc[2] == 0  # the same answers gain nothing
     assert table["95% interval, low"].iloc[1] <= gain.iloc[1] <= table["95% interval, high"].iloc[1]
     assert list(ladder.by_workflow().columns) == list(table.index)
-    low, accuracy, high = ladder.by_workflow("low"), ladder.by_workflow(), ladder.by_workflow("high")
+    (low, high), accuracy = ladder.workflow_intervals(), ladder.by_workflow()
     assert (low <= accuracy + 1e-12).all().all() and (accuracy <= high + 1e-12).all().all()
     assert (low["uniform"] < high["uniform"]).any()  # a workflow's cases differ, so its accuracy has a spread
     fig = ladder.figure()

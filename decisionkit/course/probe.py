@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from ..data.cases import Split
-from ..data.metrics import Scores, score
+from ..data.metrics import Scores, score, wilson_interval
 from ..model.features import Features, TokenStates, extract_features, standardization
 from ..model.fitting import fit_heads
 from ..model.heads import HeadSet, calibrated, group_rows
@@ -69,6 +69,19 @@ class ProbeComparison:
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame([r.row() for r in self.results]).set_index("probe").round(3)
+
+    def accuracies(self, level: float = 0.95) -> pd.DataFrame:
+        """One row per probe and group of decisions (all, then each question type): its accuracy, decisions and
+        Wilson interval at ``level`` (``metrics.wilson_interval``; decisions taken as independent, as the
+        notebook's standard error does)."""
+        rows = []
+        for r in self.results:
+            groups = pd.concat([r.scores.summary(), r.scores.summary("type")])  # "all", then each type
+            for group, g in groups.iterrows():
+                rows.append({"probe": r.name, "decisions": group, "accuracy": g["accuracy"], "n": int(g["decisions"])})
+        frame = pd.DataFrame(rows)
+        frame["low"], frame["high"] = wilson_interval(frame["accuracy"], frame["n"], level)
+        return frame
 
     def figure(self):
         from ..core.plots import probe_bars

@@ -41,10 +41,16 @@ def reliability_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = EC
                                      accuracy=("accuracy", "mean"))
     table.insert(0, "low", table.index / bins)
     table.insert(1, "high", (table.index + 1) / bins)
-    intervals = [binomtest(round(a * n), n).proportion_ci(level, method="wilson")
-                 for a, n in zip(table["accuracy"], table["decisions"])]
-    table["accuracy low"], table["accuracy high"] = [i.low for i in intervals], [i.high for i in intervals]
+    table["accuracy low"], table["accuracy high"] = wilson_interval(table["accuracy"], table["decisions"], level)
     return table
+
+
+def wilson_interval(accuracy, decisions, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """The low and high ends of each accuracy's Wilson score interval at ``level`` (``scipy.stats.binomtest``),
+    ``accuracy[k]`` measured on ``decisions[k]`` decisions taken as independent."""
+    intervals = [binomtest(round(a * n), int(n)).proportion_ci(level, method="wilson")
+                 for a, n in zip(np.asarray(accuracy, dtype=float), np.asarray(decisions))]
+    return np.array([i.low for i in intervals]), np.array([i.high for i in intervals])
 
 
 def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:

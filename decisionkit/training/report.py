@@ -191,19 +191,21 @@ class Ladder:
                                      "gain low": f"{self.level:.0%} interval, low",
                                      "gain high": f"{self.level:.0%} interval, high"})
 
-    def by_workflow(self, bound: str | None = None) -> pd.DataFrame:
-        """Accuracy per workflow, one column per model: where each part is strong. ``bound``: "low" or "high" gives
-        that end of each accuracy's bootstrap interval at the ladder's level instead (``metrics.accuracy_interval``,
-        over the workflow's cases)."""
-        if bound is None:
-            return pd.DataFrame({name: s.summary("workflow")["accuracy"] for name, s in self.scores.items()})
-        end = {"low": 1, "high": 2}[bound]
-        return pd.DataFrame({name: {workflow: accuracy_interval(Scores(d, s.ece_bins), self.level)[end]
-                                    for workflow, d in s.decisions.groupby("workflow")}
-                             for name, s in self.scores.items()})
+    def by_workflow(self) -> pd.DataFrame:
+        """Accuracy per workflow, one column per model: where each part is strong."""
+        return pd.DataFrame({name: s.summary("workflow")["accuracy"] for name, s in self.scores.items()})
+
+    def workflow_intervals(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The low and high ends of each ``by_workflow`` accuracy's bootstrap interval at the ladder's level
+        (``metrics.accuracy_interval`` over the workflow's cases), one pass per model and workflow."""
+        ends = {name: {workflow: accuracy_interval(Scores(d, s.ece_bins), self.level)[1:]
+                       for workflow, d in s.decisions.groupby("workflow")}
+                for name, s in self.scores.items()}
+        return tuple(pd.DataFrame({name: {w: pair[end] for w, pair in rows.items()} for name, rows in ends.items()})
+                     for end in (0, 1))
 
     def figure(self):
         """Accuracy per workflow, a bar per model, each with its interval."""
         from ..core.plots import ladder_bars
 
-        return ladder_bars(self.by_workflow(), self.by_workflow("low"), self.by_workflow("high"))
+        return ladder_bars(self.by_workflow(), *self.workflow_intervals())
