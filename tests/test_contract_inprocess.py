@@ -188,12 +188,28 @@ def test_the_course_refusal_table_is_what_the_app_answers(served, case):
     for label, (method, body) in serve_lab.bad_requests(good(name, case)).items():
         response = call(app, method, content=body)
         assert response.headers["content-type"] == "application/json", label
-        statuses[label], details[label] = response.status_code, str(response.json()["detail"])
+        statuses[label], details[label] = response.status_code, serve_lab.readable(response.json()["detail"])
     expected = {"malformed JSON": 422, "unknown model": 422, "unknown question": 422, "state null": 422,
                 "body over the limit": 413, "PUT": 405}
     assert {label: statuses[label] for label in expected} == expected
     assert all(400 <= status < 500 for status in statuses.values()), statuses
-    assert "jev-latest" in details["unknown model"] and "colour" in details["unknown question"]
+    assert "jev-latest" in details["unknown model"]["message"] and "colour" in details["unknown question"]["message"]
+    assert details["state null"]["field"] == "body.state" and details["unknown question"]["field"] == "body.questions"
+    assert details["malformed JSON"]["message"].startswith("JSON decode error (")  # the parser's own words follow
+    assert details["PUT"] == {"field": "", "message": "Method Not Allowed"}
+
+
+def test_a_refusal_reads_as_the_fields_it_names_and_their_messages():
+    decode = {"type": "json_invalid", "loc": ["body", 0], "msg": "JSON decode error",
+              "ctx": {"error": "Expecting value"}}  # the parser's words: kept
+    validator = {"type": "value_error", "loc": ["body", "state"], "msg": "Value error, state is an empty string",
+                 "ctx": {"error": {}}}  # a ValueError, encoded as {}: its words are already in msg
+    typed = {"type": "string_type", "loc": ["body", "workflow"], "msg": "Input should be a valid string"}
+    assert serve_lab.readable([decode]) == {"field": "body.0", "message": "JSON decode error (Expecting value)"}
+    assert serve_lab.readable([validator, typed]) == {
+        "field": "body.state; body.workflow",
+        "message": "Value error, state is an empty string; Input should be a valid string"}
+    assert serve_lab.readable("Method Not Allowed") == {"field": "", "message": "Method Not Allowed"}
 
 
 def test_with_a_key_every_route_asks_for_it_in_json(quick_model, case):

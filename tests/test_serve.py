@@ -419,7 +419,10 @@ def test_the_course_refusal_table_is_what_the_server_answers(served, cases):
                 "body over the limit": 413, "PUT": 405}
     assert table.loc[list(expected), "status"].to_dict() == expected
     assert table["status"].between(400, 499).all() and table["JSON"].all()
-    assert "jev-latest" in table.loc["unknown model", "detail"] and "colour" in table.loc["unknown question", "detail"]
+    assert "jev-latest" in table.loc["unknown model", "message"] and "colour" in table.loc["unknown question", "message"]
+    assert table.loc["state null", "field"] == "body.state" and table.loc["unknown model", "field"] == "body.model"
+    assert "JSON decode error (" in table.loc["malformed JSON", "message"]  # the parser's words, whole
+    assert table.loc["body over the limit", "field"] == "" and "262144" in table.loc["body over the limit", "message"]
 
 
 def test_served_answers_are_compared_field_by_field(served, cases):

@@ -184,7 +184,8 @@ def bad_requests(good: dict) -> dict[str, tuple[str, bytes]]:
 
 def refusals(url: str, good: dict) -> pd.DataFrame:
     """Send each of ``bad_requests(good)`` to the server at ``url`` (127.0.0.1): per request the status, whether
-    the answer is JSON, and its ``detail`` (cut to 110 characters)."""
+    the answer is JSON, and its ``detail`` whole, read as the fields it names (``body.state``, ...) and its message
+    for each."""
     rows = {}
     for name, (method, body) in bad_requests(good).items():
         request = urllib.request.Request(f"{url}{ENDPOINT}", data=body, method=method,
@@ -194,9 +195,25 @@ def refusals(url: str, good: dict) -> pd.DataFrame:
                 status, kind, payload = response.status, response.headers["content-type"], response.read()
         except urllib.error.HTTPError as refused:
             status, kind, payload = refused.code, refused.headers["content-type"], refused.read()
-        detail = json.loads(payload).get("detail") if kind == "application/json" else payload[:110].decode()
-        rows[name] = {"status": status, "JSON": kind == "application/json", "detail": str(detail)[:110]}
+        detail = json.loads(payload).get("detail") if kind == "application/json" else payload.decode(errors="replace")
+        rows[name] = {"status": status, "JSON": kind == "application/json", **readable(detail)}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def readable(detail) -> dict[str, str]:
+    """A refusal's ``detail`` for reading: a validation error's list (each item a ``loc`` and a ``msg``) as the
+    fields it names and their messages, one per item; any other detail as its message alone. A message gains the
+    parser's own words (``ctx.error``) where they are text it does not already hold: a JSON decode error's position;
+    a validator's exception arrives as ``{}`` once encoded, its words already in ``msg``."""
+    if not isinstance(detail, list):
+        return {"field": "", "message": str(detail)}
+    fields = [".".join(map(str, item.get("loc", ()))) for item in detail]
+    messages = []
+    for item in detail:
+        message, words = item.get("msg", ""), (item.get("ctx") or {}).get("error")
+        messages.append(f"{message} ({words})" if isinstance(words, str) and words and words not in message
+                        else message)
+    return {"field": "; ".join(fields), "message": "; ".join(messages)}
 
 
 def served_vs_decided(served: dict, decided: dict, atol: float = 1e-4) -> pd.DataFrame:
