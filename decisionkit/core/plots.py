@@ -127,7 +127,7 @@ def probe_bars(comparison) -> go.Figure:
     long = comparison.accuracies().round({"accuracy": 3})
     long["plus"], long["minus"] = long["high"] - long["accuracy"], long["accuracy"] - long["low"]
     fig = px.bar(long, x="decisions", y="accuracy", color="probe", barmode="group", template=TEMPLATE,
-                 error_y="plus", error_y_minus="minus", text_auto=".2f",
+                 error_y="plus", error_y_minus="minus",
                  title="Linear probe on frozen features: validation accuracy (bars: 95% interval)")
     return fig.update_layout(yaxis_range=[0, 1])
 
