@@ -65,7 +65,7 @@ def main() -> None:
         rows[label] = {"p50 ms": float(np.median(ms)), "p90 ms": float(np.quantile(ms, 0.9)), "calls": len(ms)}
         print(f"{label:55s} p50 {rows[label]['p50 ms']:6.1f} ms, p90 {rows[label]['p90 ms']:6.1f} ms")
     first = next(iter(models.values()))
-    tokens = [len(first.tokenize([case.text])["input_ids"][0]) for case in cases]
+    tokens = [int(first.tokenize([case.text])["attention_mask"].sum()) for case in cases]  # every window's
     write_text(Path(args.out), json.dumps({
         "models": {name: {"folder": Path(folder).name, "backbone": models[name].backbone.resolved.name,
                           "layers run": models[name].backbone.num_layers,

@@ -217,13 +217,14 @@ def test_a_hybrid_sends_another_workflows_state_to_a_human(routed, splits):
     assert own["scores"]["field surprise"] < wrong["scores"]["field surprise"]
 
 
-def test_states_past_the_token_limit_empty_plain_or_of_another_workflow_are_answered(routed, splits):
-    """Every such state gets an answer to every question; a real state past the cut is read as training read it
-    (cut at the same length) and stays in domain, while an empty state, a plain string and another workflow's state
-    go to a human."""
+def test_states_past_one_window_empty_plain_or_of_another_workflow_are_answered(routed, splits):
+    """Every such state gets an answer to every question; a real state longer than one window is read as training
+    read it (in windows of the same length, pooled across them) and stays in domain, while an empty state, a plain
+    string and another workflow's state go to a human. A state past the cap on windows is refused."""
+    from decisionkit.contract.systemone import QuestionError
+
     model, _, validation = routed
-    case = next(c for c in validation if len(model.tokenize([c.text])["input_ids"][0]) == model.spec.max_length
-                and len(model.backbone.tokenizer(c.text)["input_ids"]) > model.spec.max_length)
+    case = next(c for c in validation if len(model.tokenize([c.text])["owner"]) > 1)  # two windows or more
     other = next(c for c in validation if c.workflow != case.workflow)
     long = model.route(case.state, workflow=case.workflow)
     assert long["scores"]["in-domain"] == 1.0
@@ -235,6 +236,8 @@ def test_states_past_the_token_limit_empty_plain_or_of_another_workflow_are_answ
                 assert sum(answer["probabilities"].values()) == pytest.approx(1, abs=1e-6)
         if state is not case.state:
             assert routed_state["verdict"] == "human", state
+    with pytest.raises(QuestionError, match=f"reads at most {model.spec.max_tokens}"):
+        model.route("word " * (model.spec.max_tokens + 1), workflow=case.workflow)
 
 
 def test_router_is_saved_with_the_model(routed, tmp_path):

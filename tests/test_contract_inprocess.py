@@ -32,7 +32,9 @@ def served(quick_model):
 
 @pytest.fixture(scope="module")
 def case(splits, quick_model):
-    """A validation case short enough for the quick model, with a noul, a choice and a score question."""
+    """A validation case that fits in one window of the quick model (128 tokens), with a noul, a choice and a score
+    question (its input_tokens are then the tokenizer's count of the state; windows are tested on the tiny
+    backbone)."""
     _, model = quick_model
     return next(c for c in splits["validation"] if {x.type for x in c.questions.values()} == {"noul", "choice", "score"}
                 and len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length)
@@ -178,7 +180,8 @@ def test_models_health_and_docs(served):
     schemas = call(app, "GET", "/openapi.json").json()["components"]["schemas"]
     assert {"SystemOneRequest", "SystemOneResponse", "ModelMetadataList"} <= set(schemas)
     health = call(app, "GET", "/health").json()
-    assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_length
+    assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_tokens
+    assert health["models"][name]["window_tokens"] == model.spec.max_length
     assert [m["name"] for m in call(app, "GET", "/v1/models").json()["models"]] == [name]
 
 
@@ -262,6 +265,36 @@ def test_a_bug_is_a_json_500_without_its_traceback(served, case, monkeypatch):
     assert response.status_code == 500 and response.headers["content-type"] == "application/json"
     assert response.json() == {"detail": "internal error (RuntimeError); the server log has the traceback"}
     assert "secret" not in response.text and "Traceback" not in response.text
+
+
+def test_a_state_of_several_windows_is_answered_and_one_past_the_cap_refused(tiny_backbone, splits, tmp_path):
+    """A model reading windows of 64 tokens, at most 4 (the tiny backbone, random heads, saved): a state of a few
+    windows is answered as ``decide`` answers it; a longer one is a 422 on field 'state' that names the cap."""
+    import torch
+
+    from decisionkit.model.decision_model import DecisionModel, FeatureSpec
+    from decisionkit.model.features import window_lengths
+
+    torch.manual_seed(3)
+    model = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=64, max_windows=4))
+    path = model.save(tmp_path / "tiny-windows")
+    app = contract_app([path], models={path.name: model})
+    health = call(app, "GET", "/health").json()["models"][path.name]
+    assert (health["max_tokens"], health["window_tokens"]) == (256, 64)
+    assert "reads at most 256 tokens (4 windows of 64)" in call(app, "GET", "/v1/models").json()["models"][0][
+        "description"]
+    _, needed = window_lengths(model.backbone, splits["validation"].texts, 64)
+    case = next(c for c, n in zip(splits["validation"], needed) if n == 3)
+    response = call(app, "POST", json=good(path.name, case))
+    assert response.status_code == 200, response.text
+    local = model.decide(case.state, {q: x.to_json() for q, x in case.questions.items()})
+    assert systemone.disagreements(response.json()["answers"], local, ANSWER_TOLERANCE[precision.choose().dtype]) == []
+    assert response.json()["usage"]["input_tokens"] == len(model.backbone.tokenizer(case.text)["input_ids"]) > 128
+    long = call(app, "POST", json={**good(path.name, case), "state": "word " * 300})
+    assert long.status_code == 422
+    [detail] = long.json()["detail"]
+    assert detail["loc"] == ["body", "state"] and detail["type"] == "too_long"
+    assert "the model reads at most 256 (4 windows of 64)" in detail["msg"]
 
 
 def test_the_runs_and_the_models_given_must_match(quick_model):

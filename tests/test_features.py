@@ -5,7 +5,7 @@ import torch
 from decisionkit.core.precision import Precision
 from decisionkit.data.cases import Split
 from decisionkit.model.features import default_layers, encode, extract_features, padding_pitfall
-from decisionkit.model.pooling import pool
+from decisionkit.model.pooling import pool, pool_all
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +22,20 @@ def test_features_match_a_direct_forward_and_are_cached(backbone, small, tmp_pat
     first = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
     assert not first.from_cache and first.ids == small.ids and first.seconds_per_case > 0
     assert first.get("mean", 15).shape == (len(small), 576)
-    enc = encode(backbone, [small[1].text], max_length=128)
-    np.testing.assert_allclose(first.get("last")[1], pool(enc.hidden[30], enc.attention_mask, "last")[0].numpy(),
+    enc = encode(backbone, [small[1].text], max_length=128, max_windows=8)  # every window of it
+    np.testing.assert_allclose(first.get("last")[1], pool_all(enc.hidden[30], enc.attention_mask, enc.owner)["last"][0],
                                rtol=1e-4, atol=1e-4)
     again = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
     assert again.from_cache and again.seconds_per_case == first.seconds_per_case
     for key, array in first.arrays.items():
         np.testing.assert_array_equal(again.arrays[key], array)
-    # A different truncation length is a different cache entry.
+    assert again.windows.tolist() == first.windows.tolist() and again.cut == first.cut == 0
+    # Another window length is another cache entry; so is another cap on windows (cutting the longer texts).
     other = extract_features(backbone, small, layers=(15, 30), max_length=64, cache_dir=tmp_path)
     assert not other.from_cache
-    assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2
+    capped = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=1, cache_dir=tmp_path)
+    assert not capped.from_cache and capped.cut == int((first.windows > 1).sum()) > 0
+    assert len(list((tmp_path / "features").glob("*.safetensors"))) == 3
 
 
 def test_texts_cached_in_other_lists_are_read_back_and_only_new_texts_are_extracted(backbone, splits, tmp_path,
@@ -68,8 +71,10 @@ def test_batching_does_not_change_features(backbone, small, dtype, monkeypatch):
     by 0.2 standard deviations), so only the vector as a whole is held: within 2% of its length (bfloat16 keeps 8 bits
     of mantissa, a rounding of 0.4% per operation). What answers guarantee is tested in test_numerics.py."""
     monkeypatch.setattr(backbone, "precision", Precision("cpu", dtype, "test"))
-    one = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=1, cache=False)
-    two = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=2, cache=False)
+    # one window a case (each cut at 96 tokens): bfloat16 without its own instructions is slow, and windows are
+    # tested on the tiny backbone (test_model.py)
+    one = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=1, cache=False)
+    two = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=2, cache=False)
     for key in one.arrays:
         if dtype == "float32":
             np.testing.assert_allclose(one.arrays[key], two.arrays[key], rtol=1e-4, atol=1e-4)
@@ -83,7 +88,8 @@ def test_extraction_casts_the_weights_once_and_gives_autocasts_features_to_the_l
     """Under bfloat16 an extraction casts the frozen weights once for all its cases; each case's features equal its
     own forward pass under autocast alone, bit for bit, and the float32 weights are back afterwards."""
     monkeypatch.setattr(backbone, "precision", Precision("cpu", "bfloat16", "test"))
-    features = extract_features(backbone, small, layers=(30,), max_length=96, batch_size=1, cache=False)
+    features = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=1,
+                                cache=False)  # one window a case (cut at 96 tokens), as encode reads by default
     assert all(p.dtype == torch.float32 for p in backbone.model.parameters())
     for i, case in enumerate(small):
         enc = encode(backbone, [case.text], max_length=96)  # autocast alone: weights cast at every call
@@ -93,7 +99,7 @@ def test_extraction_casts_the_weights_once_and_gives_autocasts_features_to_the_l
 def test_bad_layer_and_pooling_are_named(backbone, small):
     with pytest.raises(ValueError, match=r"layers \[31\] out of range"):
         extract_features(backbone, small, layers=(31,), cache=False)
-    feats = extract_features(backbone, small, layers=(30,), max_length=32, cache=False)
+    feats = extract_features(backbone, small, layers=(30,), max_length=32, max_windows=1, cache=False)
     with pytest.raises(KeyError, match="no features for pooling 'mean' at layer 15"):
         feats.get("mean", 15)
 
@@ -105,3 +111,39 @@ def test_padding_pitfall_shows_a_pad_token_vector(backbone):
     assert result.cosine[1] == pytest.approx(1.0, abs=1e-5)  # the longest row has no padding
     assert result.relative_l2[0] > 0.05  # the short row's naive vector is a different vector
     assert backbone.tokenizer.padding_side == "right"  # encode restores the tokenizer
+
+
+def test_a_long_text_is_read_in_windows_up_to_the_cap(tiny_backbone, splits):
+    """tokenize: windows of max_length tokens, special tokens in each, their owner; the first max_windows kept.
+    extract_features: the token states of a text are its windows' real tokens, one window after the other, and a
+    text past the cap is counted."""
+    from decisionkit.model.features import tokenize, window_lengths, windows
+
+    case = max(splits["validation"].head(1), key=lambda c: len(c.text))
+    split = windows(tiny_backbone, [case.text, "short"], 32)
+    whole = tiny_backbone.tokenizer(case.text)["input_ids"]
+    assert [ids for w in split[0] for ids in w] == whole and all(len(w) <= 32 for w in split[0])
+    assert len(split[0]) == -(-len(whole) // 32) > 3 and len(split[1]) == 1
+    batch = tokenize(tiny_backbone, [case.text, "short"], 32, max_windows=8)
+    assert batch["owner"].tolist() == [0] * min(8, len(split[0])) + [1]
+    assert batch["input_ids"][0].tolist() == list(split[0][0])
+    cut = tokenize(tiny_backbone, [case.text, "short"], 32, max_windows=2)
+    assert cut["owner"].tolist() == [0, 0, 1] and torch.equal(cut["input_ids"], batch["input_ids"][[0, 1, -1]])
+    one = tokenize(tiny_backbone, ["short", "a bit longer"], 32)
+    assert one["owner"].tolist() == [0, 1]  # nothing overflows: one row a text
+    tokens, needed = window_lengths(tiny_backbone, [case.text, "short"], 32, 2)
+    assert needed.tolist() == [len(split[0]), 1] and tokens.tolist() == [64, len(split[1][0])]
+    short = min(splits["validation"], key=lambda c: len(c.text))
+    cap = int(window_lengths(tiny_backbone, [short.text], 32)[1][0])
+    assert len(split[0]) > cap  # the long case is cut at the cap, the short one is not
+    two = Split("two", [case, short], "test")
+    features = extract_features(tiny_backbone, two, layers=(2,), max_length=32, max_windows=cap, token_layers=(2,),
+                                cache=False)
+    assert features.cut_ids == [case.id] and features.windows[0] == len(split[0])
+    assert features.tokens[2].length(case.id) == cap * 32  # its first windows' tokens
+    wide = extract_features(tiny_backbone, two, layers=(2,), max_length=32, max_windows=8, token_layers=(2,),
+                            cache=False)
+    enc = encode(tiny_backbone, [case.text], 32, max_windows=8)
+    real = torch.cat([enc.hidden[2][w][enc.attention_mask[w].bool()] for w in range(len(enc.owner))])
+    np.testing.assert_allclose(wide.tokens[2].get(case.id), real.numpy(), rtol=1e-2, atol=1e-2)  # float16
+    np.testing.assert_allclose(wide.get("mean", 2)[0], real.mean(0).numpy(), rtol=1e-4, atol=1e-5)

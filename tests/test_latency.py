@@ -230,13 +230,18 @@ def test_onnx_export_gives_the_torch_features(tiny_backbone, splits, tmp_path):
     assert export(model, tmp_path / "onnx") == path  # written once
     texts = splits["validation"].head(1).texts[:2]
     batch = tokenize(model.backbone, texts, model.spec.max_length)  # two lengths: padding in the batch
+    windowed = model.tokenize(texts)  # states of several windows of 128 tokens: merged after the graph
+    assert len(windowed["owner"]) > len(texts)
     model.backbone.precision, saved = Precision("cpu", "float32", "test"), model.backbone.precision
     try:
         with torch.inference_mode():
-            expected = model.pooled(batch)
+            expected, merged = model.pooled(batch), model.pooled(windowed)
     finally:
         model.backbone.precision = saved
     assert torch.allclose(OnnxEncoder(path)(batch), expected, atol=1e-3, rtol=1e-3)
+    assert torch.allclose(OnnxEncoder(path, pooling=model.spec.pooling)(windowed), merged, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="pass pooling="):
+        OnnxEncoder(path)(windowed)
 
 
 def test_median_ratio_pairs_inputs_and_brackets_the_ratio():

@@ -215,3 +215,97 @@ def test_load_refuses_another_format_or_rendering(model, tmp_path, field, value,
         load(_saved_with(model, tmp_path / "m", **{field: value}))
 
 
+
+
+# ----- states longer than one window ---------------------------------------------------------------------------
+WINDOW = 32  # tokens a window in these tests: most typed-decisions states take several
+
+
+@pytest.fixture(scope="module")
+def windowed(tiny_backbone, splits):
+    """The tiny backbone read in windows of 32 tokens, at most 4 (128 tokens), random heads."""
+    torch.manual_seed(1)
+    m = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=WINDOW, max_windows=4))
+    for head in m.heads.heads.values():
+        torch.nn.init.normal_(head.weight, std=0.01)
+    return m
+
+
+def _by_windows(model, cases) -> dict[int, list]:
+    """``cases`` by how many windows of the model's length their rendered state takes."""
+    from decisionkit.model.features import window_lengths
+
+    _, needed = window_lengths(model.backbone, [c.text for c in cases], model.spec.max_length)
+    found: dict[int, list] = {}
+    for case, n in zip(cases, needed):
+        found.setdefault(int(n), []).append(case)
+    return found
+
+
+def test_a_state_of_several_windows_is_answered_and_pooled_across_them(windowed, splits, monkeypatch):
+    from decisionkit.model.features import extract_features, tokenize
+
+    monkeypatch.setattr(windowed.backbone, "precision", Precision("cpu", "float32", "test"))
+    case = _by_windows(windowed, splits["validation"])[3][0]
+    windows = systemone.state_windows(windowed, case.text)
+    assert len(windows) == 3 and all(len(ids) <= WINDOW for ids in windows)
+    answers = windowed.decide(case.state, workflow=case.workflow)
+    assert list(answers) == list(case.questions)
+    with torch.inference_mode():
+        read = windowed.pooled(windowed.pad([windows]))  # what decide reads
+        first = windowed.pooled(tokenize(windowed.backbone, [case.text], WINDOW))  # the first window alone
+    assert read.shape == first.shape == (1, windowed.feature_mean.numel())
+    assert not torch.allclose(read, first, atol=1e-3)
+    # the training features (extract_features, cached per split) read the same windows
+    spec = windowed.spec
+    features = extract_features(windowed.backbone, Split("one", [case], "test"), layers=spec.layers,
+                                max_length=WINDOW, max_windows=spec.max_windows, cache=False)
+    cached = np.hstack([features.get(spec.pooling, layer) for layer in spec.layers])
+    np.testing.assert_allclose(cached[0], read[0].numpy(), rtol=1e-5, atol=1e-5)
+    assert features.windows.tolist() == [3] and features.cut == 0
+    # forward takes tokenize's output as it is: one row per state, whatever its windows
+    batch = windowed.tokenize([case.text, "short"])
+    assert batch["owner"].tolist() == [0, 0, 0, 1]
+    output = windowed(**batch, workflows=[case.workflow] * 2)
+    assert output.features.shape[0] == 2
+
+
+def test_past_the_cap_decide_refuses_and_training_cuts(windowed, splits):
+    case = max(splits["validation"], key=lambda c: len(c.text))
+    windows = max(_by_windows(windowed, splits["validation"]))
+    assert windows > windowed.spec.max_windows  # the longest states need more than 4 windows of 32 tokens
+    with pytest.raises(QuestionError, match=r"field 'state' is \d+ tokens once rendered; the model reads at most "
+                                            r"128 \(4 windows of 32\)") as refused:
+        windowed.decide(case.state, workflow=case.workflow)
+    assert refused.value.loc == ("state",) and refused.value.kind == "too_long"
+    with pytest.raises(QuestionError, match="field 'state'"):
+        windowed.decide_many([{"state": case.state, "workflow": case.workflow}])
+    batch = windowed.tokenize([case.text])  # training keeps the first 4 windows
+    assert batch["owner"].tolist() == [0] * 4
+    from decisionkit.model.features import over_cap
+
+    lengths = _by_windows(windowed, splits["validation"])
+    short = lengths[min(lengths)][0]  # within the cap
+    assert over_cap(windowed, Split("two", [short, case], "test")) == [case.id]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decide_many_with_one_and_several_windows_agrees_with_decide(windowed, splits, dtype, monkeypatch):
+    monkeypatch.setattr(windowed.backbone, "precision", Precision("cpu", dtype, "test"))
+    lengths = _by_windows(windowed, splits["validation"])
+    cases = lengths[4][:2] + lengths[3][:1]  # no typed-decisions state fits in one window of 32 tokens
+    requests = [{"state": c.state, "workflow": c.workflow} for c in cases]
+    requests.insert(1, {"state": "a short note", "workflow": cases[0].workflow})  # one window each
+    requests.append({"state": {"ticket": "refund please", "priority": 2}, "workflow": cases[-1].workflow})
+    many = windowed.decide_many(requests, batch_size=5)  # 4 + 1 + 4 + 3 + 1 windows: passes of at most 5
+    for request, got in zip(requests, many):
+        assert systemone.disagreements(got, windowed.decide(**request), ANSWER_TOLERANCE[dtype]) == []
+
+
+def test_the_cap_is_saved_and_a_model_saved_before_reads_the_default(windowed, tmp_path):
+    path = windowed.save(tmp_path / "w")
+    config = json.loads((path / CONFIG_FILE).read_text())
+    assert config["features"]["max_windows"] == 4 and load(path).spec.max_windows == 4
+    del config["features"]["max_windows"]  # as a model saved before windows
+    assert FeatureSpec.from_json(config["features"]).max_windows == FeatureSpec().max_windows == 8
+    assert FeatureSpec().max_tokens == 4096

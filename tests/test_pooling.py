@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from decisionkit.model.pooling import POOLINGS, last_token_index, pool, pool_all
+from decisionkit.model.pooling import POOLINGS, last_token_index, merge_windows, pool, pool_all, pool_layers
 
 
 def _random_batch(padding_side: str, seed: int = 0):
@@ -54,3 +54,47 @@ def test_bad_input_is_named():
     mask[0] = 0
     with pytest.raises(ValueError, match="no real token"):
         pool(hidden, mask, "mean")
+
+
+def _windows(padding_side: str, seed: int = 0):
+    """A batch of 6 windows of 3 texts (3, 1 and 2 windows, in order), each window with some real tokens."""
+    hidden, mask = _random_batch(padding_side, seed)
+    return hidden[:6], mask[:6], torch.tensor([0, 0, 0, 1, 2, 2])
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_windows_merge_into_one_vector_per_text(padding_side):
+    """mean: the mean over every real token of the text's windows taken together; max: over them too; last: the
+    last window's last real token."""
+    for seed in range(5):
+        hidden, mask, owner = _windows(padding_side, seed)
+        merged = pool_all(hidden, mask, owner)
+        for text in range(3):
+            rows = (owner == text).nonzero().flatten().tolist()
+            real = torch.cat([hidden[r][mask[r].bool()] for r in rows])  # the text's tokens, window after window
+            torch.testing.assert_close(merged["mean"][text], real.mean(0))
+            torch.testing.assert_close(merged["max"][text], real.max(0).values)
+            torch.testing.assert_close(merged["last"][text], real[-1])
+
+
+def test_one_window_a_text_keeps_its_vectors_bit_for_bit():
+    hidden, mask = _random_batch("right")
+    for method in POOLINGS:
+        alone = pool(hidden, mask, method)
+        assert torch.equal(merge_windows(alone, torch.arange(len(hidden)), mask, method), alone)
+        assert torch.equal(merge_windows(alone, None, mask, method), alone)
+    layers = tuple(torch.randn(hidden.shape, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    assert torch.equal(pool_layers(layers, mask, "mean", (1, 2), owner=torch.arange(len(hidden))),
+                       pool_layers(layers, mask, "mean", (1, 2)))
+
+
+def test_pool_layers_merges_every_layer_by_owner_and_gradients_flow():
+    hidden, mask, owner = _windows("right")
+    layers = (hidden.clone().requires_grad_(True), hidden * 2)
+    for method in POOLINGS:
+        both = pool_layers(layers, mask, method, (0, 1), owner=owner)
+        assert both.shape == (3, 2 * hidden.shape[-1])
+        torch.testing.assert_close(both[:, hidden.shape[-1]:], pool_all(hidden * 2, mask, owner)[method])
+        both.sum().backward()
+        assert layers[0].grad is not None and torch.isfinite(layers[0].grad).all()
+        layers[0].grad = None

@@ -64,7 +64,8 @@ def routed(quick_model, splits, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cases(splits, quick_model):
-    """Four validation cases short enough for the quick model (it reads 128 tokens; longer states are refused)."""
+    """Four validation cases that fit in one window of the quick model (128 tokens; it reads longer states in
+    windows, up to 8, and refuses longer ones)."""
     _, model = quick_model
     fits = [c for c in splits["validation"] if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length]
     return fits[:4]
@@ -307,7 +308,7 @@ def test_docs_models_health_and_loopback(served):
         schemas = http.get("/openapi.json").json()["components"]["schemas"]
         assert {"SystemOneRequest", "SystemOneResponse", "ModelMetadataList"} <= set(schemas)
         health = http.get("/health").json()
-        assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_length
+        assert health["status"] == "ok" and health["models"][name]["max_tokens"] == model.spec.max_tokens
         assert http.get("/v1/models").json()["models"][0]["name"] == name
     port = int(server.url.rsplit(":", 1)[1])
     listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}

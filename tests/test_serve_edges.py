@@ -22,7 +22,7 @@ TIMEOUT = 300.0  # seconds for an answer on a busy 2-core machine
 
 @pytest.fixture(scope="module")
 def cases(splits, quick_model):
-    """Three validation cases short enough for the quick model (longer states are refused)."""
+    """Three validation cases that fit in one window of the quick model (longer states are read in windows)."""
     _, model = quick_model
     return [c for c in splits["validation"]
             if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length][:3]

@@ -30,7 +30,7 @@ SDK_TIMEOUT = 300.0
 
 @pytest.fixture(scope="module")
 def case(splits, quick_model):
-    """A validation case short enough for the quick model."""
+    """A validation case that fits in one window of the quick model."""
     _, model = quick_model
     return next(c for c in splits["validation"]
                 if len(model.backbone.tokenizer(c.text)["input_ids"]) <= model.spec.max_length)

@@ -137,6 +137,41 @@ def test_prepare_and_respond_with_a_model(quick_model, splits):
         assert respond(models, [refused]) == [refused]
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tiny_backbone, splits):
+    """The tiny backbone read in windows of 64 tokens, at most 4, random heads: the mechanics of windows."""
+    import torch
+
+    from decisionkit.model.decision_model import DecisionModel, FeatureSpec
+
+    torch.manual_seed(2)
+    return DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=64, max_windows=4))
+
+
+def test_prepare_reads_a_long_state_in_windows_and_refuses_one_past_the_cap(tiny_model, splits):
+    from decisionkit.model.features import window_lengths
+
+    models = {"tiny": tiny_model}
+    _, needed = window_lengths(tiny_model.backbone, splits["validation"].texts, 64)
+    case = next(c for c, n in zip(splits["validation"], needed) if 2 <= n <= 4)
+    questions = {q: x.to_json() for q, x in case.questions.items()}
+    request = SystemOneRequest(model="tiny", state=case.state, questions=questions)
+    prepared = prepare(models, request)
+    assert 2 <= len(prepared.input_ids) <= 4 and all(len(ids) <= 64 for ids in prepared.input_ids)
+    # SmolLM2's tokenizer adds no special tokens: the windows hold the state's tokens, each once
+    whole = tiny_model.backbone.tokenizer(case.text)["input_ids"]
+    assert [i for ids in prepared.input_ids for i in ids] == whole and prepared.input_tokens == len(whole)
+    [response] = respond(models, [prepared])
+    assert response["answers"] == tiny_model.decide(case.state, questions)
+    assert response["usage"] == {"input_tokens": len(whole), "output_tokens": 0}
+    refused = prepare(models, request.model_copy(update={"state": "word " * 300}))
+    assert isinstance(refused, Refusal) and respond(models, [refused]) == [refused]
+    [detail] = refused.detail
+    assert detail["loc"] == ["body", "state"] and detail["type"] == "too_long" and detail["input"] > 256
+    assert detail["msg"] == (f"field 'state' is {detail['input']} tokens once rendered; the model reads at most 256 "
+                             "(4 windows of 64)")
+
+
 def test_answer_table_shows_each_answer_and_its_confidence():
     answers = {"urgent": {"type": "noul", "noul": 0.2},
                "team": {"type": "choice", "choice": "billing", "confidence": 0.7, "probabilities": {"billing": 0.6}},

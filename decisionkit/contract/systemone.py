@@ -22,6 +22,11 @@ against the trained heads, the workflow) and ``checked`` (a ``Checked`` request:
 ``answer`` (one answer from a probability vector), ``prepare`` and ``respond`` (a wire request through the model and
 back: checked and tokenized once, in ``prepare``), used alike by ``DecisionModel.decide``, the ``decisionkit decide``
 command and the server.
+
+A rendered state longer than the model's window (``FeatureSpec.max_length`` tokens) is read in windows of that
+length, pooled across them, up to the model's cap of ``max_windows`` windows (``state_windows``); past the cap the
+request is refused (422 ``too_long`` on field 'state', and the same ``QuestionError`` from ``decide``) rather than cut,
+since a client cannot see a cut.
 """
 
 from __future__ import annotations
@@ -303,18 +308,40 @@ def checked(schema: Mapping[str, Mapping[str, Question]], state: Any, questions:
     return Checked(state, workflow, asked, render_state(state, workflow))
 
 
+def state_windows(model, text: str) -> tuple[tuple[int, ...], ...]:
+    """The rendered state ``text`` tokenized in the windows ``model`` reads (``features.windows``: windows of
+    ``spec.max_length`` tokens, special tokens in each); a QuestionError on field 'state' (``too_long``) when it
+    needs more than ``spec.max_windows`` of them."""
+    from ..model.features import windows
+
+    return within_cap(model, windows(model.backbone, [text], model.spec.max_length)[0])
+
+
+def within_cap(model, found: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """A rendered state's windows (``features.windows``) as they are, if ``model`` reads that many (at most
+    ``spec.max_windows``); else the QuestionError on field 'state' that ``state_windows`` raises."""
+    spec = model.spec
+    if len(found) > spec.max_windows:
+        tokens = sum(len(ids) for ids in found)
+        raise QuestionError(f"field 'state' is {tokens} tokens once rendered; the model reads at most "
+                            f"{spec.max_tokens} ({spec.max_windows} windows of {spec.max_length})", ("state",),
+                            "too_long", tokens)
+    return found
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """A request that passed every check: which model, the request checked, and the tokens of its rendered state
-    (the model reads them as they are: no second tokenization)."""
+    """A request that passed every check: which model, the request checked, and the tokens of its rendered state in
+    the windows the model reads (``state_windows``; the model reads them as they are: no second tokenization)."""
 
     model: str
     checked: Checked
-    input_ids: tuple[int, ...]
+    input_ids: tuple[tuple[int, ...], ...]  # one tuple of token ids per window
 
     @property
     def input_tokens(self) -> int:
-        return len(self.input_ids)
+        """The tokens the model reads of the state: every window's, special tokens included."""
+        return sum(len(ids) for ids in self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -326,8 +353,9 @@ class Refusal:
 
 def prepare(models: Mapping[str, Any], request: SystemOneRequest) -> Prepared | Refusal:
     """Check ``request`` against the model it names (one of ``models``: name -> DecisionModel): the questions (as
-    the request parsed them: validated once), the workflow, the rendered state's length in tokens. Returns a Refusal
-    rather than raising, so that a batch of requests never fails for one bad one."""
+    the request parsed them: validated once), the workflow, the rendered state's length in windows (at most the
+    model's cap: ``state_windows``). Returns a Refusal rather than raising, so that a batch of requests never fails
+    for one bad one."""
     try:
         if request.model not in models:
             raise QuestionError(f"model {request.model!r} is not served here; GET /v1/models lists {sorted(models)}",
@@ -337,10 +365,7 @@ def prepare(models: Mapping[str, Any], request: SystemOneRequest) -> Prepared | 
                                 ("assets",), "unsupported", sorted(request.assets))
         model = models[request.model]
         item = checked(model.schema, request.state, request.questions, request.workflow)
-        ids = tuple(model.backbone.tokenizer(item.text)["input_ids"])
-        if len(ids) > model.spec.max_length:
-            raise QuestionError(f"field 'state' is {len(ids)} tokens once rendered; the model reads at most "
-                                f"{model.spec.max_length}", ("state",), "too_long", len(ids))
+        ids = state_windows(model, item.text)
     except QuestionError as err:
         return Refusal([err.detail()])
     return Prepared(request.model, item, ids)

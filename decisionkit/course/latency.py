@@ -319,7 +319,7 @@ def naive_scaling(backbone, case, counts=(1, 2, 3, 4, 5), max_length: int = 512,
     def ask(n: int) -> None:
         for batch in batches[:n]:
             with backbone.precision.autocast():  # the compute dtype the shared encoding it is compared with runs in
-                backbone.body(**batch)
+                backbone.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
 
     ask(1)  # warm-up
     return Scaling("one prompt + forward per question", list(counts),

@@ -5,6 +5,8 @@ graph (``torch.onnx.export``, dynamo, dynamic batch and length), about a minute 
 ``DECISIONKIT_CACHE/onnx`` by the weights' checksum and the feature settings. ``quantize(path)`` writes its int8
 version (onnxruntime's dynamic quantization: int8 weights, activations quantized per call). ``OnnxEncoder(path)``
 answers like ``DecisionModel.pooled``: one pooled vector per row of a tokenized batch, before the standardization.
+The graph reads one window a row (at most ``spec.max_length`` tokens); a state of several windows (the batch's
+``owner``) has its rows' vectors merged after the graph, in torch (``pooling.merge_windows``), as ``pooled`` does.
 The heads stay in torch; an int8 graph changes the features, so heads for it are re-fitted on its own features
 (``speed.speed_table``).
 """
@@ -21,7 +23,7 @@ from torch import nn
 
 from ..core import settings
 from ..core.atomic import atomic_folder
-from ..model.pooling import pool_layers
+from ..model.pooling import merge_windows, one_window_each, pool_layers
 
 EXPORT_OPSET = 18  # what torch.onnx's dynamo exporter writes by default in torch 2.13
 
@@ -42,7 +44,9 @@ class PooledBackbone(nn.Module):
 
 def export(model, folder: str | Path | None = None) -> Path:
     """The ONNX graph of ``model``'s backbone and pooling (written once, then read from the cache)."""
-    key = hashlib.sha256(json.dumps([model.backbone.checksum, model.spec.to_json()]).encode()).hexdigest()[:16]
+    # the cap on windows is not part of the graph (one window a row): graphs exported before windows stay valid
+    spec = {k: v for k, v in model.spec.to_json().items() if k != "max_windows"}
+    key = hashlib.sha256(json.dumps([model.backbone.checksum, spec]).encode()).hexdigest()[:16]
     folder = Path(folder) if folder else settings.cache_dir() / "onnx" / key
     path = folder / "pooled.onnx"
     if path.is_file():
@@ -71,17 +75,26 @@ def quantize(path: str | Path) -> Path:
 
 
 class OnnxEncoder:
-    """Pooled features of tokenized batches from an exported graph, on onnxruntime's CPU provider."""
+    """Pooled features of tokenized batches from an exported graph, on onnxruntime's CPU provider; ``pooling``
+    (the model's ``spec.pooling``) merges the windows of a state read in several (``tokenize``'s ``owner``)."""
 
-    def __init__(self, path: str | Path, threads: int | None = None):
+    def __init__(self, path: str | Path, threads: int | None = None, pooling: str | None = None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.path = Path(path)
+        self.pooling = pooling
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         feed = {"input_ids": batch["input_ids"].cpu().numpy().astype(np.int64),
                 "attention_mask": batch["attention_mask"].cpu().numpy().astype(np.int64)}
-        return torch.from_numpy(self.session.run(None, feed)[0])
+        pooled = torch.from_numpy(self.session.run(None, feed)[0])
+        owner = batch.get("owner")
+        if one_window_each(owner, pooled.shape[0]):
+            return pooled
+        if self.pooling is None:
+            raise ValueError("this batch reads a state in several windows; pass pooling= (the model's spec.pooling) "
+                             "to OnnxEncoder to merge them")
+        return merge_windows(pooled, owner.cpu(), batch["attention_mask"].cpu(), self.pooling)

@@ -231,10 +231,13 @@ def served_vs_decided(served: dict, decided: dict, atol: float = 1e-4) -> pd.Dat
 
 
 def fitting(model, cases, count: int | None = None) -> list:
-    """The first ``count`` (None: all) of ``cases`` short enough for ``model``: the server refuses a longer state
-    rather than cut it, as a client could not see the cut."""
-    tokenizer = model.backbone.tokenizer  # counted in full (verbose=False: no warning past the tokenizer's own limit)
-    fits = [c for c in cases if len(tokenizer(c.text, verbose=False)["input_ids"]) <= model.spec.max_length]
+    """The first ``count`` (None: all) of ``cases`` short enough for ``model`` (within its cap of
+    ``spec.max_windows`` windows of ``spec.max_length`` tokens): the server refuses a longer state rather than cut
+    it, as a client could not see the cut."""
+    from ..model.features import window_lengths
+
+    _, needed = window_lengths(model.backbone, [c.text for c in cases], model.spec.max_length, model.spec.max_windows)
+    fits = [c for c, n in zip(cases, needed) if n <= model.spec.max_windows]
     return fits[:count]
 
 

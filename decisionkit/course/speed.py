@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core.precision import Precision, matmul_times
 from ..data.metrics import score
-from ..model.features import standardization
+from ..model.features import standardization, window_lengths
 from ..model.fitting import refit_heads
 from ..model.heads import HeadSet
 from ..model.output import read
@@ -56,7 +56,7 @@ def _onnx(int8: bool):
         from .onnx_runtime import OnnxEncoder, export, quantize
 
         path = export(model)
-        return OnnxEncoder(quantize(path) if int8 else path)
+        return OnnxEncoder(quantize(path) if int8 else path, pooling=model.spec.pooling)
 
     return variant
 
@@ -133,7 +133,7 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
     texts = cases.texts
 
     def median_tokens(m) -> float:
-        return float(np.median([len(m.backbone.tokenizer(t)["input_ids"][:m.spec.max_length]) for t in texts]))
+        return float(np.median(window_lengths(m.backbone, texts, m.spec.max_length, m.spec.max_windows)[0]))
 
     tokens = median_tokens(model)
     rates = {d: matmul_rate(d) for d in ("float32", "bfloat16")}
@@ -163,7 +163,8 @@ def speed_table(model, cases, train=None, names: Sequence[str] = tuple(SPEED_VAR
         output = read(base.schema, heads, base.structured, (pooled - mean) / std, cases.case_workflows,
                       states=cases.states)
         overall = score(cases, *base.readout(output)).overall()
-        per_case = np.concatenate([[m / len(b["input_ids"])] * len(b["input_ids"]) for m, b in zip(ms, batches)])
+        cases_in = [int(b["owner"].max()) + 1 for b in batches]  # a batch's states (its rows are their windows)
+        per_case = np.concatenate([[m / n] * n for m, n in zip(ms, cases_in)])
         length = tokens if base is model else median_tokens(base)
         floor = forward_flops(base.backbone, int(length)) / (rates.get(variant.dtype, np.nan) * 1e9) * 1e3
         rows[name] = {"median ms per case": float(np.median(per_case)), "p95 ms per case": float(

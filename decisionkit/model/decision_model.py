@@ -5,6 +5,12 @@ As in transformers, tokenizing comes first (``model.tokenize(texts)``) and the f
 standardized features, the logits of every question, the loss when targets are given), in the manner of
 ``...ForSequenceClassification``. Training, calibration, routing and the answers all read it.
 
+A state longer than the encoder's window (``spec.max_length`` tokens) is read in windows of that length, each pooled,
+then pooled across them into one vector per state (``pooling.merge_windows``; ``tokenize``'s ``owner`` says which
+state each window belongs to), up to ``spec.max_windows`` windows: training reads a longer state's first windows;
+``decide``, ``decide_many`` and the server refuse it (``systemone.state_windows``: a ``QuestionError`` on field
+'state', 422 ``too_long`` on the wire).
+
 A hybrid model (``structured`` set, ``training.fit_structured``) also reads the state's own fields with gradient-
 boosted trees (``structured.py``, on ``fields.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
 the log of that mixture, so temperatures, routing and answers treat them as the heads'.
@@ -42,7 +48,7 @@ from ..data.questions import Question
 from . import features, saving
 from .backbone import Backbone, LoraSettings, load_backbone
 from .engines import add_lora
-from .features import FeatureSpec, hidden_states, pad, standardization, tokenize
+from .features import FeatureSpec, hidden_states, pad_windows, standardization, tokenize, window_batches, windows
 from .fitting import HeadRecipe
 from .heads import HeadSet, Targets, Temperatures, calibrated
 from .output import DecisionOutput, read
@@ -80,17 +86,24 @@ class DecisionModel(nn.Module):
         self.to(backbone.device)
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """``input_ids`` and ``attention_mask`` of ``texts``, cut at ``spec.max_length`` tokens: ``forward``'s input."""
-        return tokenize(self.backbone, list(texts), self.spec.max_length)
+        """``input_ids`` and ``attention_mask`` of ``texts`` in windows of ``spec.max_length`` tokens, and each
+        window's ``owner`` (its text): ``forward``'s input. A text of more than ``spec.max_windows`` windows keeps
+        its first ones, as training reads it (``decide`` refuses such a state instead: ``systemone.state_windows``)."""
+        return tokenize(self.backbone, list(texts), self.spec.max_length, max_windows=self.spec.max_windows)
+
+    def pad(self, windows: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.Tensor]:
+        """``forward``'s input for states tokenized in windows already (``systemone.state_windows``)."""
+        return pad_windows(self.backbone, windows)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, workflows: Sequence[str],
                 target: Targets | None = None, ordinal: float = 0.0, questions: Sequence[str] | None = None,
-                states: Sequence[Any] | None = None) -> DecisionOutput:
-        """One forward pass over a tokenized batch (each row a state of its workflow, rendered), pooled at every
-        layer of the spec, concatenated, standardized, and read by the heads of each row's workflow. With ``target``
-        (gold aligned to the rows, ``heads.targets``) the output carries the loss. Gradients flow when the backbone
-        trains. A hybrid model also reads ``states``, the states the rows render."""
-        features = self.encode({"input_ids": input_ids, "attention_mask": attention_mask})
+                states: Sequence[Any] | None = None, owner: torch.Tensor | None = None) -> DecisionOutput:
+        """One forward pass over a tokenized batch (each row a window of a state of its workflow, rendered; ``owner``:
+        the state each row is a window of, None: one row a state), pooled at every layer of the spec, concatenated,
+        pooled across each state's windows, standardized, and read by the heads of each state's workflow. With
+        ``target`` (gold aligned to the states, ``heads.targets``) the output carries the loss. Gradients flow when
+        the backbone trains. A hybrid model also reads ``states``, the states the rows render."""
+        features = self.encode({"input_ids": input_ids, "attention_mask": attention_mask, "owner": owner})
         return self.read(features, workflows, target, ordinal, questions, states=states)
 
     def read(self, features: torch.Tensor, workflows: Sequence[str], target: Targets | None = None,
@@ -102,13 +115,14 @@ class DecisionModel(nn.Module):
 
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``forward`` before the heads: the backbone, the pooling and the standardization (timed apart in the
-        latency lab)."""
+        latency lab); one row per state."""
         return self.normalize(self.pooled(batch))
 
     def pooled(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The pooled vectors of every feature layer, concatenated, before the standardization."""
+        """The pooled vectors of every feature layer, concatenated, before the standardization: one row per state,
+        its windows (``batch["owner"]``, when the batch has one) pooled together."""
         return pool_layers(hidden_states(self.backbone, batch), batch["attention_mask"], self.spec.pooling,
-                           self.spec.layers)
+                           self.spec.layers, owner=batch.get("owner"))
 
     def normalize_fitted(self, pooled: torch.Tensor) -> torch.Tensor:
         """Set the standardization from these (train) pooled features, and return them standardized."""
@@ -192,7 +206,7 @@ class DecisionModel(nn.Module):
         """The output for one state (every trained question of its workflow with ``every``, as the router scores
         them; else the asked ones) and the request checked."""
         item = systemone.checked(self.schema, state, questions, workflow)
-        output = self(**self.tokenize([item.text]), workflows=[item.workflow],
+        output = self(**self.pad([systemone.state_windows(self, item.text)]), workflows=[item.workflow],
                       questions=None if every else list(item.questions), states=[state])
         return output, item
 
@@ -201,8 +215,10 @@ class DecisionModel(nn.Module):
                raw: bool = False) -> dict[str, dict]:
         """Answer ``questions`` (System One shape; default: every trained question) about ``state``. With a router,
         the answers are distance-aware (``answer_parts``); ``raw=True`` gives the calibrated heads alone. A state
-        longer than ``spec.max_length`` tokens is cut there, as the training features were; the server refuses it
-        instead (422 on field 'state'), since a client cannot see the cut."""
+        longer than ``spec.max_length`` tokens is read in windows of that length, pooled across them, as the
+        training features were; past ``spec.max_windows`` windows (``spec.max_tokens``) it is refused with a
+        ``QuestionError`` on field 'state' (the server's 422 ``too_long``): training cuts such a state, but a client
+        cannot see a cut."""
         output, item = self._read(state, questions, workflow)
         return self._answers(output.per_case()[0], item, self.heads_weights(output, raw)[0])
 
@@ -230,7 +246,8 @@ class DecisionModel(nn.Module):
 
     def decide_many(self, requests: Sequence[dict], batch_size: int = 16, route: bool = False) -> list[dict]:
         """``decide`` for many requests (each ``{"state", "questions"?, "workflow"?}``), or ``route`` with
-        ``route=True``: states of similar length share one padded forward pass, ``batch_size`` at a time. Each
+        ``route=True``: states of similar length share one padded forward pass, ``batch_size`` windows at a time (a
+        state of more windows is read alone); a state past the cap is refused as ``decide`` refuses it. Each
         answer agrees with ``decide``'s for the same request within ``precision.ANSWER_TOLERANCE`` of the compute
         dtype: 1e-5 on every probability and confidence in float32 (padding changes only the sums' order), 0.02 in
         bfloat16, whose CPU kernels depend on the batch's shape; a choice or score changes only where its top two
@@ -240,19 +257,21 @@ class DecisionModel(nn.Module):
 
     @torch.inference_mode()
     def decide_checked(self, items: Sequence[systemone.Checked], batch_size: int = 16, route: bool = False,
-                       input_ids: Sequence[Sequence[int]] | None = None) -> list[dict]:
+                       input_ids: Sequence[Sequence[Sequence[int]]] | None = None) -> list[dict]:
         """``decide_many`` for requests checked already (``systemone.checked``); ``input_ids``: their rendered
-        states tokenized already, each within ``spec.max_length`` (the server's, from ``systemone.prepare``), read
-        as they are."""
+        states tokenized already in windows, each within the cap (the server's, from ``systemone.prepare``), read
+        as they are. Without them each state is tokenized here, and one past the cap refused (``QuestionError``)."""
         if route:
             self._require_router()
-        lengths = [len(item.text) for item in items] if input_ids is None else [len(ids) for ids in input_ids]
+        if input_ids is None:  # one tokenizer call for them all
+            input_ids = [systemone.within_cap(self, found) for found in
+                         windows(self.backbone, [item.text for item in items], self.spec.max_length)]
+        lengths = [sum(len(ids) for ids in found) for found in input_ids]
         order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: less padding
         results: list[dict | None] = [None] * len(items)
-        for lo in range(0, len(items), batch_size):
-            rows = order[lo:lo + batch_size]
-            batch = (self.tokenize([items[i].text for i in rows]) if input_ids is None
-                     else pad(self.backbone, [input_ids[i] for i in rows]))
+        for group in window_batches([len(input_ids[i]) for i in order], batch_size):
+            rows = order[group]
+            batch = self.pad([input_ids[i] for i in rows])
             output = self(**batch, workflows=[items[i].workflow for i in rows], states=[items[i].state for i in rows])
             scores = self.router.scores(self, output) if route else None
             # with a router's scores at hand, their "in-domain" column is the weight: no second distance computation

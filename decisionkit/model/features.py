@@ -1,11 +1,17 @@
 """Pooled features: one forward pass of the backbone per case, every pooling of a few layers, cached on disk.
 
 Frozen features are what a heads-only decision model trains on, and what the pooling comparison probes.
-The cache key covers the backbone's weights, the rendered texts (so the rendering version), the truncation
-length and the layers, so a change to any of them extracts again instead of reusing stale vectors. A list of cases
-whose texts were extracted before as part of other lists (a model's train pool, then its train and dev slices; the
-first 10 cases of each workflow, then the first 5) reads their rows from those files, and extracts only the texts
-never seen: one forward pass per text, whatever list it comes in.
+A text longer than the window (``max_length`` tokens, the encoder's length: MiniLM reads 512) is read in windows of
+``max_length`` tokens, each with the tokenizer's special tokens, at most ``max_windows`` of them (``FeatureSpec``:
+8, so 4,096 tokens at 512), and pooled across them (``pooling.merge_windows``): the features of a text of one window
+are what they were when texts were cut at ``max_length``. Past the cap, training keeps a text's first
+``max_windows`` windows and counts it (``Features.cut``, ``over_cap``); ``DecisionModel.decide`` and the server
+refuse it instead (``systemone.state_windows``), since a client cannot see a cut.
+The cache key covers the backbone's weights, the rendered texts (so the rendering version), the window length, the
+cap on windows and the layers, so a change to any of them extracts again instead of reusing stale vectors. A list
+of cases whose texts were extracted before as part of other lists (a model's train pool, then its train and dev
+slices; the first 10 cases of each workflow, then the first 5) reads their rows from those files, and extracts only
+the texts never seen: one forward pass per text, whatever list it comes in.
 
 The same pass can keep one layer's states at every real token (``token_layers``: ``TokenStates``, float16, cached
 beside the pooled vectors under the same key plus the layer): what a token head (``token_head.py``) reads.
@@ -37,7 +43,8 @@ from .backbone import Backbone
 from .heads import targets
 from .pooling import POOLINGS, last_token_index, pool_all
 
-DEFAULT_MAX_LENGTH = 512  # the longest typed-decisions state is about 490 tokens rendered as compact JSON
+DEFAULT_MAX_LENGTH = 512  # the longest typed-decisions state is about 490 SmolLM2 tokens rendered as compact JSON
+DEFAULT_MAX_WINDOWS = 8  # a state is read in at most 8 windows: 4,096 tokens at 512
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,19 @@ class FeatureSpec:
 
     pooling: str = "mean"  # mean pooling probed best on frozen SmolLM2 (notebook 01)
     layers: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # concatenated; fractions of the depth, or layer numbers
-    max_length: int = DEFAULT_MAX_LENGTH  # truncation; every typed-decisions state fits
+    max_length: int = DEFAULT_MAX_LENGTH  # the window, in tokens (special tokens included)
+    max_windows: int = DEFAULT_MAX_WINDOWS  # the cap: a state is read in at most this many windows
+
+    def __post_init__(self):
+        if self.max_length < 1 or self.max_windows < 1:
+            raise ValueError(f"max_length is {self.max_length} and max_windows {self.max_windows}; both must be "
+                             "at least 1")
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens a state may hold, special tokens of every window included: ``max_windows`` windows of
+        ``max_length``."""
+        return self.max_length * self.max_windows
 
     def resolved(self, num_layers: int) -> "FeatureSpec":
         """Layer fractions turned into layer numbers for a backbone of ``num_layers`` layers."""
@@ -54,11 +73,14 @@ class FeatureSpec:
         return replace(self, layers=layers)
 
     def to_json(self) -> dict:
-        return {"pooling": self.pooling, "layers": list(self.layers), "max_length": self.max_length}
+        return {"pooling": self.pooling, "layers": list(self.layers), "max_length": self.max_length,
+                "max_windows": self.max_windows}
 
     @classmethod
     def from_json(cls, obj: dict) -> "FeatureSpec":
-        return cls(obj["pooling"], tuple(obj["layers"]), obj["max_length"])
+        # a model saved before windows has no max_windows: it reads the default cap
+        return cls(obj["pooling"], tuple(obj["layers"]), obj["max_length"],
+                   obj.get("max_windows", DEFAULT_MAX_WINDOWS))
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -76,38 +98,119 @@ def standardization(x):
 
 @dataclass
 class Encoded:
-    """Hidden states of one batch: ``hidden[layer]`` is (batch, seq, dim); layer 0 is the embeddings."""
+    """Hidden states of one batch: ``hidden[layer]`` is (rows, seq, dim); layer 0 is the embeddings. A row is one
+    window of the text ``owner[row]`` (``tokenize``)."""
 
     hidden: tuple[torch.Tensor, ...]
     attention_mask: torch.Tensor
     input_ids: torch.Tensor
+    owner: torch.Tensor | None = None
+
+
+def _windowed(tokenizer, texts: Sequence[str], max_length: int, **kwargs):
+    """The fast tokenizer's own windowing: every text in windows of ``max_length`` tokens, the special tokens added
+    to each, no overlap (``overflow_to_sample_mapping``: the text of each window)."""
+    batch = tokenizer(list(texts), truncation=True, max_length=max_length, return_overflowing_tokens=True, stride=0,
+                      verbose=False, **kwargs)
+    if "overflow_to_sample_mapping" not in batch:
+        raise TypeError(f"{type(tokenizer).__name__} does not window long texts (no overflow_to_sample_mapping); "
+                        "decisionkit reads them with a fast tokenizer")
+    return batch
 
 
 def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
-             padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """Token ids and attention mask of ``texts`` (``input_ids``, ``attention_mask``: what the backbone reads),
-    truncated to ``max_length``, on the backbone's device."""
+             padding_side: str = "right", max_windows: int = 1) -> dict[str, torch.Tensor]:
+    """What the backbone reads of ``texts``, on its device: ``input_ids`` and ``attention_mask``, one row per window
+    of ``max_length`` tokens (special tokens included in each window), and ``owner``, the text each row is a window
+    of (0..len(texts)-1, in order: ``torch.arange(len(texts))`` when every text fits in one window). A text of more
+    than ``max_windows`` windows keeps its first ``max_windows`` (the default, 1: every text cut at ``max_length``).
+    ``DecisionModel.forward`` takes the three as keyword arguments, and pools the windows of a text into one vector.
+    """
     tokenizer = backbone.tokenizer
     kept, tokenizer.padding_side = tokenizer.padding_side, padding_side
     try:
-        batch = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+        batch = _windowed(tokenizer, texts, max_length, padding=True, return_tensors="pt")
     finally:
         tokenizer.padding_side = kept
-    return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
+    owner = batch["overflow_to_sample_mapping"].long()
+    out = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    if len(owner) > len(texts):
+        first = torch.searchsorted(owner, owner, right=False)  # each text's first row (its windows are in order)
+        keep = (torch.arange(len(owner)) - first) < max_windows
+        if not bool(keep.all()):
+            out, owner = {k: v[keep] for k, v in out.items()}, owner[keep]
+    out["owner"] = owner
+    return {k: v.to(backbone.device) for k, v in out.items()}
+
+
+def windows(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH
+            ) -> list[tuple[tuple[int, ...], ...]]:
+    """Each of ``texts`` tokenized in windows of ``max_length`` tokens as ``tokenize`` reads them, all of them (no
+    cap): one tuple of windows, each a tuple of token ids, per text."""
+    if not texts:
+        return []
+    batch = _windowed(backbone.tokenizer, texts, max_length)
+    out: list[list[tuple[int, ...]]] = [[] for _ in texts]
+    for ids, owner in zip(batch["input_ids"], batch["overflow_to_sample_mapping"]):
+        out[owner].append(tuple(ids))
+    return [tuple(w) for w in out]
+
+
+def window_lengths(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
+                   max_windows: int = DEFAULT_MAX_WINDOWS) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, windows)`` per text: the tokens read of it (its first ``max_windows`` windows, special tokens
+    included) and the windows it needs (more than ``max_windows``: cut in training, refused by ``decide``)."""
+    split = windows(backbone, texts, max_length)
+    return (np.array([sum(len(w) for w in ws[:max_windows]) for ws in split], dtype=np.int64),
+            np.array([len(ws) for ws in split], dtype=np.int64))
+
+
+def over_cap(model, cases: Split) -> list[str]:
+    """The ids of ``cases`` whose rendered state is longer than ``model`` reads (more than ``spec.max_windows``
+    windows of ``spec.max_length`` tokens): training reads their first ``max_windows`` windows; ``decide`` and the
+    server refuse such a state. What a training report can count."""
+    _, needed = window_lengths(model.backbone, cases.texts, model.spec.max_length, model.spec.max_windows)
+    return [case_id for case_id, n in zip(cases.ids, needed) if n > model.spec.max_windows]
 
 
 def pad(backbone: Backbone, input_ids: Sequence[Sequence[int]], padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """``tokenize``'s output for texts tokenized already (each within the length the model reads): the rows padded
-    into one batch, with their attention mask."""
+    """``tokenize``'s ``input_ids`` and ``attention_mask`` for rows tokenized already (each within the window the
+    model reads): the rows padded into one batch, with their attention mask."""
     batch = backbone.tokenizer.pad({"input_ids": [list(ids) for ids in input_ids]}, padding=True,
                                    padding_side=padding_side, return_tensors="pt")
     return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
 
 
+def pad_windows(backbone: Backbone, texts: Sequence[Sequence[Sequence[int]]],
+                padding_side: str = "right") -> dict[str, torch.Tensor]:
+    """``tokenize``'s output for texts tokenized in windows already (``windows``; each text's windows as the model
+    reads them, within the cap): every window of every text padded into one batch (``pad``), and their ``owner``."""
+    batch = pad(backbone, [ids for text in texts for ids in text], padding_side)
+    counts = torch.tensor([len(text) for text in texts])
+    batch["owner"] = torch.repeat_interleave(torch.arange(len(texts)), counts).to(backbone.device)
+    return batch
+
+
+def window_batches(windows_per_text: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Positions ``0..n-1`` (texts, in the order to read them) grouped into forward passes of at most ``batch_size``
+    windows each; a text of more windows than that is read alone. Every text's windows share its pass, so its
+    windows are pooled together."""
+    groups: list[list[int]] = []
+    room = 0
+    for i, n in enumerate(windows_per_text):
+        if not groups or n > room:
+            groups.append([])
+            room = batch_size
+        groups[-1].append(i)
+        room -= n
+    return groups
+
+
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """Every layer's hidden states for a tokenized batch, in the backbone's compute dtype, returned as float32
-    (gradients flow: training uses this too). Under bfloat16 the frozen weights are the copies cast once per process
-    (``Precision.frozen_weights_cast``), not cast again by autocast on every call."""
+    """Every layer's hidden states for a tokenized batch (one row per window; its ``owner``, if any, is not read),
+    in the backbone's compute dtype, returned as float32 (gradients flow: training uses this too). Under bfloat16
+    the frozen weights are the copies cast once per process (``Precision.frozen_weights_cast``), not cast again by
+    autocast on every call."""
     with backbone.precision.autocast(), backbone.precision.frozen_weights_cast(backbone.model):
         out = backbone.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             output_hidden_states=True)
@@ -116,10 +219,11 @@ def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[t
 
 @torch.inference_mode()
 def encode(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
-           padding_side: str = "right") -> Encoded:
-    """Tokenize ``texts`` and run the decoder once without gradients, keeping every layer."""
-    batch = tokenize(backbone, texts, max_length, padding_side)
-    return Encoded(hidden_states(backbone, batch), batch["attention_mask"], batch["input_ids"])
+           padding_side: str = "right", max_windows: int = 1) -> Encoded:
+    """Tokenize ``texts`` (in at most ``max_windows`` windows each: ``tokenize``) and run the backbone once without
+    gradients, keeping every layer."""
+    batch = tokenize(backbone, texts, max_length, padding_side, max_windows)
+    return Encoded(hidden_states(backbone, batch), batch["attention_mask"], batch["input_ids"], batch["owner"])
 
 
 @dataclass
@@ -132,6 +236,20 @@ class Features:
     seconds_per_case: float  # measured when the features were extracted (kept in the cache)
     from_cache: bool
     tokens: dict[int, "TokenStates"] = field(default_factory=dict)  # layer -> its token states, when asked for
+    windows: np.ndarray | None = None  # per case, the windows its text needs (more than max_windows: cut)
+    max_windows: int = DEFAULT_MAX_WINDOWS  # the cap the features were read under
+
+    @property
+    def cut_ids(self) -> list[str]:
+        """The cases whose text is longer than the cap: their features read the first ``max_windows`` windows."""
+        if self.windows is None:
+            return []
+        return [case_id for case_id, n in zip(self.ids, self.windows) if n > self.max_windows]
+
+    @property
+    def cut(self) -> int:
+        """How many cases were cut at the cap."""
+        return len(self.cut_ids)
 
     def get(self, pooling: str = "last", layer: int | None = None) -> np.ndarray:
         layer = self.layers[-1] if layer is None else layer
@@ -147,8 +265,9 @@ class Features:
 
 @dataclass
 class TokenStates:
-    """One layer's hidden states at every real token of each case (the attention mask's ones, after the cut at
-    ``max_length``), in float16: case ``i``'s tokens are ``states[offsets[i]:offsets[i + 1]]``."""
+    """One layer's hidden states at every real token of each case (the attention mask's ones; a text of several
+    windows: its windows' real tokens one after the other, special tokens of each included, up to the cap), in
+    float16: case ``i``'s tokens are ``states[offsets[i]:offsets[i + 1]]``."""
 
     ids: list[str]
     layer: int
@@ -187,12 +306,14 @@ class TokenStates:
         return cls(ids, layer, offsets, np.concatenate(rows).astype(np.float16))
 
 
-def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int]) -> str:
+def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int],
+               max_windows: int = DEFAULT_MAX_WINDOWS) -> str:
     texts_sha = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
     quant = None if backbone.quantize is None else repr(backbone.quantize)
+    # "windows": texts read in windows up to the cap (entries cached before, of texts cut at max_length, have none)
     blob = json.dumps({"weights": backbone.checksum, "quantize": quant, "dtype": backbone.precision.dtype,
-                       "render": RENDER_VERSION,
-                       "texts": texts_sha, "max_length": max_length, "layers": list(layers)})
+                       "render": RENDER_VERSION, "texts": texts_sha, "max_length": max_length,
+                       "windows": max_windows, "layers": list(layers)})
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -201,8 +322,8 @@ def _text_hashes(texts: Sequence[str]) -> list[str]:
 
 
 def _cached_rows(folder: Path, family: str, hashes: Sequence[str]) -> dict[str, tuple[Path, int]]:
-    """Where each of ``hashes`` (texts) was cached before in ``family`` (same weights, dtype, rendering, cut and
-    layers): text hash -> (file, row)."""
+    """Where each of ``hashes`` (texts) was cached before in ``family`` (same weights, dtype, rendering, window,
+    cap and layers): text hash -> (file, row)."""
     wanted, found = set(hashes), {}
     for path in sorted(folder.glob(f"{family}-*.safetensors")):
         for row, h in enumerate(json.loads(_metadata(path).get("texts", "[]"))):
@@ -224,6 +345,7 @@ def extract_features(
     *,
     layers: Sequence[int] | None = None,
     max_length: int = DEFAULT_MAX_LENGTH,
+    max_windows: int = DEFAULT_MAX_WINDOWS,
     token_layers: Sequence[int] = (),
     batch_size: int | None = None,
     cache: bool = True,
@@ -232,8 +354,11 @@ def extract_features(
 ) -> Features:
     """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case; with
     ``token_layers``, the same pass also keeps those layers' states at every real token (``Features.tokens``).
+    A text longer than ``max_length`` tokens is read in windows of that length, at most ``max_windows`` (its first
+    ones: ``Features.cut`` counts the texts cut there), pooled across them (``pooling.merge_windows``).
 
-    On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16.
+    On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16. The
+    batch size counts windows: a pass reads whole texts up to that many windows (a longer text is read alone).
     A backbone that is training (LoRA adapters, or every weight) changes its features, so they are not cached.
     """
     layers = tuple(layers or default_layers(backbone.num_layers))
@@ -241,16 +366,19 @@ def extract_features(
     bad = [layer for layer in layers + token_layers if not 1 <= layer <= backbone.num_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range; the backbone has layers 1..{backbone.num_layers}")
+    if max_windows < 1:
+        raise ValueError(f"max_windows is {max_windows}; a text is read in at least one window")
     texts = cases.texts
     hashes = _text_hashes(texts)
     cache = cache and backbone.frozen
     path, token_paths, found = None, {}, {}
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
-        family = _cache_key(backbone, (), max_length, layers)[:12]
-        path = root / "features" / f"{family}-{_cache_key(backbone, texts, max_length, layers)}.safetensors"
-        # token states are keyed by the same texts, weights, dtype, rendering and cut, and by their own layer
-        token_paths = {layer: root / "features" / f"{_cache_key(backbone, texts, max_length, (layer,))}"
+        family = _cache_key(backbone, (), max_length, layers, max_windows)[:12]
+        path = root / "features" / (f"{family}-{_cache_key(backbone, texts, max_length, layers, max_windows)}"
+                                    ".safetensors")
+        # token states are keyed by the same texts, weights, dtype, rendering, window and cap, and by their own layer
+        token_paths = {layer: root / "features" / f"{_cache_key(backbone, texts, max_length, (layer,), max_windows)}"
                        f".tokens.safetensors" for layer in token_layers}
         if path.is_file() and all(p.is_file() for p in token_paths.values()):
             features = _load(path)
@@ -260,27 +388,32 @@ def extract_features(
             found = _cached_rows(path.parent, family, hashes)
     missing = [i for i, h in enumerate(hashes) if h not in found]
     batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
+    needed = np.zeros(len(texts), dtype=np.int64)  # windows each text needs, before the cap
+    read = np.zeros(0, dtype=np.int64)  # tokens read of each missing text
+    if missing:
+        read, needed[missing] = window_lengths(backbone, [texts[i] for i in missing], max_length, max_windows)
     # similar lengths share a batch: less padding
-    order = np.array(missing)[np.argsort([len(texts[i]) for i in missing], kind="stable")].astype(int)
+    order = np.array(missing)[np.argsort(read, kind="stable")].astype(int)
     pooled: dict[str, np.ndarray] = {}
     tokens: dict[int, list] = {layer: [None] * len(texts) for layer in token_layers}
     start = time.perf_counter()
-    bar = tqdm(range(0, len(order), batch_size), desc=f"features {cases.name}", unit="batch",
-               disable=not progress or settings.progress_hidden())
-    for lo in bar:
-        rows = order[lo:lo + batch_size]
-        enc = encode(backbone, [texts[i] for i in rows], max_length)
+    groups = window_batches([min(int(needed[i]), max_windows) for i in order], batch_size)
+    bar = tqdm(groups, desc=f"features {cases.name}", unit="batch", disable=not progress or settings.progress_hidden())
+    for group in bar:
+        rows = order[group]
+        enc = encode(backbone, [texts[i] for i in rows], max_length, max_windows=max_windows)
         for layer in layers:
-            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask).items():
+            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask, enc.owner).items():
                 key = f"{method}@{layer}"
                 if key not in pooled:
                     pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
                 pooled[key][rows] = vectors.cpu().numpy()
-        real = enc.attention_mask.bool().cpu()
+        real, owner = enc.attention_mask.bool().cpu(), enc.owner.cpu()
         for layer in token_layers:
             states = enc.hidden[layer].cpu()
-            for j, i in enumerate(rows):
-                tokens[layer][i] = states[j][real[j]].numpy().astype(np.float16)
+            for j, i in enumerate(rows):  # its windows' real tokens, one window after the other
+                mine = (owner == j).nonzero().flatten().tolist()
+                tokens[layer][i] = torch.cat([states[w][real[w]] for w in mine]).numpy().astype(np.float16)
     seconds = (time.perf_counter() - start) / max(len(missing), 1)
     for source in sorted({source for source, _ in found.values()}):  # the rows extracted before, read back
         saved = load_file(str(source))
@@ -288,13 +421,17 @@ def extract_features(
         for key, array in saved.items():
             pooled.setdefault(key, np.zeros((len(texts), array.shape[1]), dtype=np.float32))[
                 [i for i, _ in seen]] = array[[row for _, row in seen]]
+        saved_windows = json.loads(_metadata(source)["windows"])
+        needed[[i for i, _ in seen]] = [saved_windows[row] for _, row in seen]
         if not missing:
             seconds = float(_metadata(source)["seconds_per_case"])
     features = Features(cases.ids, layers, pooled, seconds, from_cache=not missing,
-                        tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()})
+                        tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()},
+                        windows=needed, max_windows=max_windows)
     if path is not None:
         _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
-                                    "texts": json.dumps(hashes), "seconds_per_case": repr(seconds)})
+                                    "texts": json.dumps(hashes), "seconds_per_case": repr(seconds),
+                                    "windows": json.dumps(needed.tolist()), "max_windows": str(max_windows)})
         for layer, states in features.tokens.items():
             _save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
                          {"ids": json.dumps(cases.ids), "layer": str(layer)})
@@ -307,7 +444,8 @@ def split_pooled(model, cases: Split) -> torch.Tensor:
     training share one extraction."""
     spec, backbone = model.spec, model.backbone
     layers = sorted(set(default_layers(backbone.num_layers)) | set(spec.layers))
-    features = extract_features(backbone, cases, layers=layers, max_length=spec.max_length)
+    features = extract_features(backbone, cases, layers=layers, max_length=spec.max_length,
+                                max_windows=spec.max_windows)
     return torch.as_tensor(np.hstack([features.get(spec.pooling, layer) for layer in spec.layers]),
                            device=backbone.device)
 
@@ -340,7 +478,8 @@ def _metadata(path: Path) -> dict[str, str]:
 def _load(path: Path) -> Features:
     meta = _metadata(path)
     return Features(json.loads(meta["ids"]), tuple(json.loads(meta["layers"])), load_file(str(path)),
-                    float(meta["seconds_per_case"]), from_cache=True)
+                    float(meta["seconds_per_case"]), from_cache=True,
+                    windows=np.array(json.loads(meta["windows"]), dtype=np.int64), max_windows=int(meta["max_windows"]))
 
 
 def _load_tokens(path: Path) -> TokenStates:

@@ -7,7 +7,7 @@ through ``blocks`` small transformer layers trained from scratch) are pooled onc
 vector into the option logits. Its output is grouped as ``HeadSet.read``'s (workflow -> question -> logits), so the
 soft-gold loss (``heads.decision_loss``) and the metrics read it as they read the heads.
 
-The states are cached once per (backbone weights, compute dtype, rendering, cut, layer)
+The states are cached once per (backbone weights, compute dtype, rendering, window, cap on windows, layer)
 (``features.extract_features(token_layers=...)``, ``features.TokenStates``), so a setting costs its training alone:
 AdamW, a linear warm-up and cosine decay over ``epochs`` passes of shuffled batches of similar length (less
 padding), soft-gold cross-entropy, the gradient clipped at 1.
@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..core import settings
 from ..data.cases import Split
 from ..data.questions import Question
-from .features import DEFAULT_MAX_LENGTH, TokenStates, extract_features
+from .features import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS, TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
 from .heads import decision_loss, group_rows, head_key, targets, ungroup
 from .trees import TREE_ROUNDS
@@ -184,17 +184,18 @@ def token_answers(states: TokenStates, spec: TokenHeadSpec = TokenHeadSpec()):
 
 def token_hybrid(backbone, train: Split, scored: Split, spec: TokenHeadSpec = TokenHeadSpec(),
                  max_length: int = DEFAULT_MAX_LENGTH, rounds: int = TREE_ROUNDS, heads: HeadRecipe | None = None,
-                 pooled_layers: Sequence[int] = ()) -> OutOfFoldMix:
+                 pooled_layers: Sequence[int] = (), max_windows: int = DEFAULT_MAX_WINDOWS) -> OutOfFoldMix:
     """A token head on ``backbone``'s token states of ``spec.layer``, fitted on ``train``, answering
     ``scored`` alone and mixed with trees on the fields as the hybrid mixes its pooled heads
     (``fitting.mix_out_of_fold``, trees of ``rounds`` boosting rounds). With ``heads`` (a ``HeadRecipe``, as a
     model keeps it), mean-pooled linear heads on ``pooled_layers`` are a second part, fitted the same way: each part
     alone, each with the trees, and both with the trees. One forward pass per case of ``train`` and ``scored`` gives
-    the token states and the pooled features (cached)."""
+    the token states and the pooled features (cached); a state longer than ``max_length`` tokens is read in windows,
+    at most ``max_windows``, its token states those of its windows one after the other."""
     layer = spec.resolved(backbone.num_layers).layer
     both = Split(f"{train.name} and {scored.name}", list(train) + list(scored), train.source)
     features = extract_features(backbone, both, layers=tuple(pooled_layers) or None, max_length=max_length,
-                                token_layers=(layer,), progress=False)
+                                max_windows=max_windows, token_layers=(layer,), progress=False)
     parts = {"token head": token_answers(features.tokens[layer], spec)}
     if heads is not None:
         pooled = np.hstack([features.get("mean", pooled) for pooled in pooled_layers])

@@ -2,7 +2,8 @@
 
 - ``POST /v1/systemone``  answers a System One request (``typesafe-sdk`` clients work with ``base_url=``)
 - ``GET /v1/models``      the models served, by name (a run folder's name)
-- ``GET /health``         status, and each model's workflows, questions and token limit
+- ``GET /health``         status, and each model's workflows, questions and token limit (``max_tokens``: the cap,
+                           ``max_windows`` windows of ``max_length`` tokens; ``window_tokens``: the window)
 - ``GET /docs``           the OpenAPI page, with every request and response schema
 
 The app is FastAPI on uvicorn, and LitServe batches it: requests that arrive within ``batch_timeout`` seconds
@@ -57,6 +58,7 @@ from ..contract.systemone import (
     SystemOneResponse,
 )
 from ..model.decision_model import load
+from ..model.features import FeatureSpec
 from ..model.saving import CONFIG_FILE
 from .config import Batching, Limits
 from .protocol import json_errors_protocol
@@ -98,8 +100,14 @@ def model_list(models: dict[str, Path]) -> ModelMetadataList:
         saved = datetime.date.fromtimestamp((run / CONFIG_FILE).stat().st_mtime).isoformat()
         entries.append(ModelMetadata(name=name, release_date=saved, description=(
             f"decision model on {config['backbone']['name']}: {questions} questions in {len(schema)} workflow(s) "
-            f"({', '.join(schema)}); reads at most {config['features']['max_length']} tokens")))
+            f"({', '.join(schema)}); reads at most {_reads(config)}")))
     return ModelMetadataList(models=entries)
+
+
+def _reads(config: dict) -> str:
+    """How much of a state a saved model reads, in words: its cap on tokens, in windows of its length."""
+    spec = FeatureSpec.from_json(config["features"])
+    return f"{spec.max_tokens} tokens ({spec.max_windows} windows of {spec.max_length})"
 
 
 def health(models: dict[str, Path]) -> dict:
@@ -107,8 +115,10 @@ def health(models: dict[str, Path]) -> dict:
     described = {}
     for name, run in models.items():
         config = _config(run)
+        spec = FeatureSpec.from_json(config["features"])
         described[name] = {"backbone": config["backbone"]["name"], "workflows": config["schema"],
-                           "max_tokens": config["features"]["max_length"], "routing": config.get("router") is not None}
+                           "max_tokens": spec.max_tokens, "window_tokens": spec.max_length,
+                           "routing": config.get("router") is not None}
     return {"status": "ok", "models": described}
 
 

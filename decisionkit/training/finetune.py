@@ -5,7 +5,10 @@ Each choice below (the measurements behind them: ``benchmarks/results/choices.md
 - Every optimizer step sees every workflow (``mixed_steps``): batches grouped by length are mostly one workflow
   (the workflows' states differ in length), so each step would move the shared backbone for one workflow's heads
   (choices.md#mixed-steps).
-- A step's cases run as micro-batches of similar length inside one workflow: no padding to the longest state.
+- A step's cases run as micro-batches of similar length inside one workflow: no padding to the longest state. A
+  state longer than the window (``spec.max_length``) is read in windows pooled together (``model.tokenize``'s
+  ``owner`` goes to the forward pass with the tokens: the loss is per state, not per window), its first
+  ``spec.max_windows`` at most.
 - The backbone and the heads have their own learning rates (the heads can be frozen), with warm-up and cosine
   decay; gradients are clipped.
 - The dev slice is scored every ``eval_every`` steps and the best step is what is saved: training loss keeps
@@ -30,8 +33,9 @@ from tqdm.auto import tqdm
 
 from ..core import settings
 from ..core.atomic import write_text
-from ..data.cases import Split, token_lengths
+from ..data.cases import Split
 from ..model.decision_model import DecisionModel
+from ..model.features import window_lengths
 from ..model.heads import decision_loss, targets, weight_norm
 from ..model.saving import BACKBONE_DIR, CHECKPOINT_DIR, load_trained
 from .presets import Preset
@@ -163,7 +167,9 @@ def optimizer_step(model, accelerator, optimizer, scheduler, plan: list[list[int
 
 
 def cut_lengths(model: DecisionModel, cases: Split) -> list[int]:
-    return [min(n, model.spec.max_length) for n in token_lengths(cases, model.backbone.tokenizer).lengths]
+    """The tokens the model reads of each case: its windows' (special tokens included), up to the cap of
+    ``spec.max_windows`` windows of ``spec.max_length`` (a longer state is cut there in training)."""
+    return window_lengths(model.backbone, cases.texts, model.spec.max_length, model.spec.max_windows)[0].tolist()
 
 
 def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, out: Path, history: list,
