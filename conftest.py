@@ -22,7 +22,7 @@ if "DECISIONKIT_DTYPE" not in os.environ:
 # The suite's tiers (`pytest -m unit`, `-m integration`, `-m notebooks`; `make test` runs all three, as CI does).
 # A test is an integration test when it starts another process or server, drives a browser, builds a wheel, or needs
 # a trained model (the session's quick model); a notebook item is a notebook test; everything else is a unit test.
-INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py",
+INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py", "test_serve_own_data.py",
                      "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py"}
 INTEGRATION_FIXTURES = {"quick_model"}
 

@@ -22,6 +22,7 @@ _EXPORTS = {
     **dict.fromkeys(["Case", "DataError", "Question", "Split", "load_typed_decisions", "render_state",
                      "token_lengths"], "data.cases"),
     "load_scenario": "data.scenarios",
+    **dict.fromkeys(["Decisions", "load_decisions"], "data.decisions"),
     **dict.fromkeys(["FeatureSpec", "extract_features"], "model.features"),
     **dict.fromkeys(["DecisionModel", "load"], "model.decision_model"),
     **dict.fromkeys(["POOLINGS", "pool"], "model.pooling"),

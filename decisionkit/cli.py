@@ -4,7 +4,10 @@
   frozen MiniLM-L6 features averaged with trees on the state's fields), calibrate it on validation, fit the routing
   threshold, evaluate on test (and the off-domain set), score the zero-shot baseline on a validation sample, and
   write ``runs/demo/`` (model, report.json, report.md).
-- ``decisionkit train --preset NAME --out DIR`` and ``decisionkit evaluate DIR --split test``.
+- ``decisionkit train --data PATH [--schema FILE] [--preset NAME] --out DIR``: the same on your own decisions (a CSV,
+  JSONL, JSON or parquet file, or a folder; ``decisionkit.train(data, out=..., schema=..., preset=...)`` is the same
+  code), written to DIR only once it is whole. ``decisionkit evaluate DIR``: the saved model on the test rows it
+  kept (``--data`` scores other data, ``--split`` another of its splits).
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
 - ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serving/app.py``).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -25,7 +29,7 @@ from .core.atomic import write_text
 from .data.cases import DataError, load_typed_decisions
 from .model.backbone import BackboneError
 from .serving.config import Batching, Limits
-from .training.presets import PRESETS, preset
+from .training.presets import DEFAULT_PRESET, PRESETS, preset
 
 # what `train` can shrink in a preset, and how each option says it
 SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
@@ -38,18 +42,24 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 def run_training(args):
-    """The train / demo commands: ``pipeline.run_report`` with the command's options, printed as it goes."""
-    from .training.pipeline import run_report
+    """The train / demo commands: ``pipeline.train`` with the command's options, printed as it goes."""
+    from .training.pipeline import train
+    from .training.trainer import decisions_of
 
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
+    p = preset(args.preset, **sizes)
+    data = decisions_of(p, args.data, getattr(args, "schema", None))  # read and checked before anything trains
+    print(f"data: {data.summary()}")
     print(f"training preset {args.preset}{''.join(f', {k}={v}' for k, v in sizes.items())} into {args.out}")
-    return run_report(preset(args.preset, **sizes), args.out, data_dir=args.data, zero_shot=args.zero_shot,
-                      resume=not args.restart, progress=not args.quiet)
+    return train(data, args.out, preset=p, zero_shot=args.zero_shot, resume=not args.restart,
+                 progress=not args.quiet).report
 
 
 def cmd_train(args) -> int:
     report = run_training(args)
     print(report.card())
+    print(f"\nwrote {args.out}/ (model, data.json, test.jsonl, report.json, report.md); serve it with "
+          f"`decisionkit serve {args.out}`")
     return 0
 
 
@@ -64,11 +74,14 @@ def cmd_demo(args) -> int:
 def cmd_evaluate(args) -> int:
     from .training.trainer import evaluate
 
-    scores = evaluate(args.run, args.split, args.data, args.dataset)
+    scores = evaluate(args.run, args.split, args.data, args.schema)
+    what = args.data or ("the test rows it kept" if args.split == "test" else f"its recorded {args.split} split")
+    print(f"{args.run} on {what}: {len(scores.decisions)} decisions")
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
     _write_json(Path(args.run) / f"eval-{args.split}.json",
-                {"split": args.split, **{k: float(v) for k, v in scores.overall().items()}})
+                {"split": args.split, "data": str(args.data) if args.data else "recorded",
+                 **{k: float(v) for k, v in scores.overall().items()}})
     return 0
 
 
@@ -137,29 +150,41 @@ def build_parser() -> argparse.ArgumentParser:
         if out_default is not None:
             sub.add_argument("--out", default=out_default, help="output folder")
 
-    for name, handler, default_preset, help_text in (
-            ("demo", cmd_demo, "cpu-fast", "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
-            ("train", cmd_train, None, "train a preset and evaluate it on validation and test")):
+    for name, handler, help_text in (
+            ("demo", cmd_demo, "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
+            ("train", cmd_train, "train on your own decisions (or a preset's dataset), calibrate, route, evaluate")):
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--preset", default=default_preset, required=default_preset is None, choices=sorted(PRESETS))
-        common(sub, "runs/demo" if name == "demo" else None)
+        sub.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+                         help=f"what to train (default {DEFAULT_PRESET}: heads on MiniLM-L6 features averaged with "
+                              "trees on a JSON state's fields)")
         if name == "train":
-            sub.add_argument("--out", required=True, help="folder for the model and its report")
+            sub.add_argument("--data", default=None, metavar="PATH",
+                             help="your decisions: a .csv, .jsonl, .json or .parquet file, or a folder (schema.json "
+                                  "and one examples file, or train.jsonl and test.jsonl); default: the preset's own "
+                                  f"dataset (typed-decisions from ${settings.DATA_ENV} or the hub)")
+            sub.add_argument("--schema", default=None, metavar="FILE",
+                             help="the questions as System One JSON, {question: {...}} or {workflow: {question: ...}}"
+                                  " (default: the folder's schema.json, or each row's questions)")
+            sub.add_argument("--out", required=True, help="folder for the model, its data record and its report")
             for size, help_text in SIZES.items():
                 sub.add_argument(f"--{size.replace('_', '-')}", type=int, metavar="N",
                                  help=f"{help_text} (default: the preset's)")
+        else:
+            common(sub, "runs/demo")
         sub.add_argument("--zero-shot", type=int, default=5 if name == "demo" else 0, metavar="N",
                          help="also score the zero-shot baseline on N validation cases per workflow (0: skip)")
         sub.add_argument("--restart", action="store_true", help="ignore a checkpoint left by an interrupted run")
         sub.add_argument("--quiet", action="store_true", help="no progress bars")
         sub.set_defaults(handler=handler)
 
-    sub = commands.add_parser("evaluate", help="score a saved model on a split")
+    sub = commands.add_parser("evaluate", help="score a saved model: the test rows it kept, or other data")
     sub.add_argument("run", help="folder of a saved model")
-    sub.add_argument("--split", default="test", choices=["train", "validation", "test"])
-    sub.add_argument("--dataset", default="typed-decisions",
-                     help="typed-decisions, a scenario (tickets, ngs-qc) or a folder with schema.json")
-    common(sub)
+    sub.add_argument("--split", default="test", choices=["train", "validation", "test"],
+                     help="which split (default test; validation and train are read again from the recorded source)")
+    sub.add_argument("--data", default=None, metavar="PATH",
+                     help="score other data instead: any source `train --data` reads, or a scenario's name; its "
+                          "--split when its rows name splits, else every row")
+    sub.add_argument("--schema", default=None, metavar="FILE", help="the questions of --data (default: the model's)")
     sub.set_defaults(handler=cmd_evaluate)
 
     sub = commands.add_parser("decide", help="answer one System One request read from standard input")
@@ -186,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")
     sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")
     sub.add_argument("--per-workflow", type=int, default=None, help="train cases per workflow (default 40)")
-    sub.add_argument("--max-length", type=int, default=512, help="truncate rendered states to this many tokens")
+    sub.add_argument("--max-length", type=int, default=512,
+                     help="the window, in tokens: a longer state is read in windows of it (at most 8)")
     sub.add_argument("--head-steps", type=int, default=None, metavar="N",
                      help="probe fitting steps per L2 strength (default: the probe's)")
     common(sub, "runs/pooling")
@@ -196,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):  # every bar, the feature extraction of scoring and routing included
+        os.environ["TQDM_DISABLE"] = "1"
     try:
         return args.handler(args)
     except (BackboneError, DataError, QuestionError, FileNotFoundError, ValueError) as err:  # no traceback

@@ -69,28 +69,26 @@ def test_user_errors_are_messages_not_tracebacks(tmp_path, capsys):
 
 
 def test_one_training_call_returns_a_calibrated_routed_model_that_loads_back_equal(tmp_path, splits):
-    """decisionkit.train is the whole job: weights, temperatures fitted on validation, the router; the model it
-    returns is the one saved. Writing the report is a step of its own."""
+    """decisionkit.train is the whole job: weights, temperatures fitted on validation, the router, the report; the
+    model it returns is the one saved."""
     import decisionkit
 
     out = tmp_path / "quick"
-    trained = decisionkit.train("cpu-quick", out, progress=False)
+    trained = decisionkit.train(None, out, preset="cpu-quick", progress=False)  # the preset's own data
     model = trained.model
     assert model.router is not None and model.router.threshold is not None
     assert model.temperatures.confidence and any(t != 1.0 for t in model.temperatures.probabilities.values())
-    assert not (out / "report.json").exists()
+    assert RunReport.load(out).scores["test"].overall() == pytest.approx(trained.report.scores["test"].overall())
     again = decisionkit.load(out)
     assert again.temperatures == model.temperatures
     assert again.router.threshold == model.router.threshold and again.router.reference == model.router.reference
     for case in splits["test"].head(2):
         assert again.decide(case.state, workflow=case.workflow) == model.decide(case.state, workflow=case.workflow)
-    trained.report.save(out)
-    assert RunReport.load(out).scores["test"].overall() == pytest.approx(trained.report.scores["test"].overall())
 
 
 def test_one_training_call_routes_a_scenario_model_too(tmp_path):
     import decisionkit
 
-    trained = decisionkit.train(presets.preset("ngs-qc", head_steps=40, tree_rounds=30), tmp_path / "qc",
+    trained = decisionkit.train(None, tmp_path / "qc", preset=presets.preset("ngs-qc", head_steps=40, tree_rounds=30),
                                 progress=False)
     assert trained.model.router is not None and "test sent to a human" in trained.report.routing

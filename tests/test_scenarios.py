@@ -5,8 +5,9 @@ import pytest
 
 import decisionkit
 from decisionkit.data.cases import DataError
+from decisionkit.data.decisions import load_decisions
 from decisionkit.data.metrics import score, uniform_predictions
-from decisionkit.data.scenarios import DATA_DIR, load_examples, load_scenario, load_schema
+from decisionkit.data.scenarios import DATA_DIR, load_scenario, load_schema
 from decisionkit.training.trainer import evaluate, fit_model, preset, split_uses, training_splits
 
 SCHEMA = {
@@ -40,54 +41,26 @@ def test_project_scenarios_load_with_fixed_splits():
     assert soft  # ambiguous reports carry distributions
 
 
-def test_hard_labels_and_distributions(tmp_path):
-    schema = load_schema(SCHEMA)
-    path = write(tmp_path, [row(1), row(2, team={"billing": 0.6, "tech": 0.4}, urgent=False)])
-    cases = load_examples(path, schema, "support", "train")
-    assert cases[0].gold["team"].probabilities.tolist() == [1.0, 0.0]
-    assert cases[1].gold["team"].probabilities.tolist() == [0.6, 0.4] and cases[1].gold["team"].label == "billing"
-    assert cases[1].gold["urgent"].label == "false"
-    assert np.allclose(cases[0].gold["severity"].probabilities, [0, 0, 1])
-
-
-@pytest.mark.parametrize("bad, message", [
-    (row(1, team="sales"), r"field 'labels.team' is 'sales'; expected one of \['billing', 'tech'\]"),
-    (row(1, text="   "), "field 'text' is empty"),
-    (row(1, split="dev"), "field 'split' is 'dev'"),
-    (row(1, team={"billing": 0.5, "tech": 0.2}), "field 'labels.team' sums to 0.7000"),
-    ({"id": "x", "split": "train", "text": "hi", "labels": {"team": "billing"}}, r"field 'labels' has no label for \['urgent', 'severity'\]"),
-])
-def test_bad_examples_name_the_line_and_field(tmp_path, bad, message):
-    path = write(tmp_path, [row(0), bad])
-    with pytest.raises(DataError, match=f"examples.jsonl:2: {message}"):
-        load_examples(path, load_schema(SCHEMA), "support", "train")
-
-
-def test_bad_schemas_are_refused(tmp_path):
-    with pytest.raises(DataError, match="score question must list its levels"):
-        load_schema({"s": {"type": "score", "criteria": ["only one"]}})
-    path = tmp_path / "schema.json"
-    path.write_text('{"team": {"type": "choice", "criteria": {"billing": "a", "billing": "b"}}}')
-    with pytest.raises(DataError, match=r"duplicate keys \['billing'\]"):
-        load_schema(path)
-
-
-def test_csv_examples(tmp_path):
-    path = tmp_path / "examples.csv"
-    path.write_text('id,split,text,team,urgent,severity\n'
-                    'a,train,refund please,billing,true,1\n'
-                    'b,train,"app crashes, help","{""tech"": 0.9, ""billing"": 0.1}",false,2\n')
-    cases = load_examples(path, load_schema(SCHEMA), "support", "train")
-    assert [c.gold["team"].label for c in cases] == ["billing", "tech"]
-    assert cases[1].gold["team"].probabilities.tolist() == [0.1, 0.9]
+def test_csv_examples_with_text_and_a_distribution_in_a_cell(tmp_path):
+    """A scenario folder's CSV (the loader's own tests are in test_decisions.py)."""
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "examples.csv").write_text('id,split,text,team,urgent,severity\n'
+                                           'a,train,refund please,billing,true,1\n'
+                                           'b,train,"app crashes, help","{""tech"": 0.9, ""billing"": 0.1}",false,2\n')
+    cases = load_decisions(tmp_path, min_train=0, carve=False).rows  # the folder's rows, none held out
+    assert [c.gold["team"].label for c in cases] == ["billing", "tech"] and cases.workflows == [tmp_path.name]
+    assert cases[1].gold["team"].probabilities.tolist() == [0.1, 0.9] and cases[1].state == "app crashes, help"
 
 
 def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
     # The trainer's mechanics on few cases: the steps are picked on the 10 validation tickets (a dev slice of 10 of
     # 50 train tickets picked step 0, the uniform start); test_scenario_presets_keep_dev_and_validation_apart checks
     # the presets' own dev slices.
+    # A window of 256 tokens holds nearly every ticket whole. With 96-token windows the longer tickets are read in
+    # several, pooled: the 40-ticket model then scored 0.783 on validation but sent the seed ticket to
+    # technical_support, a miss of so small a model, not of the mechanics this test checks.
     p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, dev_per_workflow=0,
-               validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=96))
+               validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=256))
     result = fit_model(p, tmp_path / "tickets", progress=False)
     assert result.extra["train cases"] == 40
     assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
@@ -95,14 +68,14 @@ def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
     answers = model.decide("my credit card was charged twice, refund today")
     assert set(answers) == {"team", "priority", "sentiment", "contains_pii", "language"}
     # Uniform heads answer every question with its first option (billing, en): these answers need the text read.
-    # Measured with these settings: step 10, validation accuracy 0.765 against 0.543 for uniform answers.
+    # Measured with these settings: step 10, validation accuracy 0.787 against 0.543 for uniform answers.
     assert answers["team"]["choice"] == "billing" and answers["language"]["choice"] == "en"
     crash = model.decide("the app crashes every time I open it, please fix the bug")
     assert crash["team"]["choice"] == "technical_support"
     assert model.decide("我的账户被锁定了，无法登录")["language"]["choice"] == "zh"
     assert model.decide("necesito cambiar la contraseña de mi cuenta")["language"]["choice"] == "es"
     validation = load_scenario("tickets", "validation")
-    accuracy = evaluate(model, "validation", dataset="tickets").overall()["accuracy"]
+    accuracy = evaluate(model, "validation", "tickets").overall()["accuracy"]
     assert accuracy > score(validation, uniform_predictions(validation)).overall()["accuracy"] + 0.1
 
 

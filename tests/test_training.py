@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import shutil
@@ -25,16 +26,24 @@ TINY_HEADS = preset("cpu-quick", train_per_workflow=4, validation_per_workflow=2
                     features=decisionkit.FeatureSpec(max_length=48))
 
 
+class WithoutTest(dict):
+    """A data set's splits, whose test split cannot be read."""
+
+    def __getitem__(self, split):
+        assert split != "test", "training read the test split"
+        return super().__getitem__(split)
+
+
 @pytest.fixture(autouse=True)
-def test_split_is_never_loaded_while_training(monkeypatch):
-    """Training may read train and validation only: loading test inside train() fails the test."""
-    real = train_module.load_typed_decisions
+def test_split_is_never_read_while_training(monkeypatch):
+    """Training may read train and validation only: reading the test split inside fit_model fails the test."""
+    real = train_module.decisions_of
 
-    def guarded(split, data_dir=None):
-        assert split != "test", "training loaded the test split"
-        return real(split, data_dir)
+    def guarded(p, data=None, schema=None):
+        decisions = real(p, data, schema)
+        return dataclasses.replace(decisions, splits=WithoutTest(decisions.splits))
 
-    monkeypatch.setattr(train_module, "load_typed_decisions", guarded)
+    monkeypatch.setattr(train_module, "decisions_of", guarded)
 
 
 def test_heads_mode_learns_and_saves(tmp_path, splits):
@@ -209,7 +218,7 @@ def test_step_cost_times_the_steps_train_runs_and_prices_the_epoch():
     assert full.steps_per_epoch == math.ceil(4 * 4 / full.preset.batch_size)  # 4 cases of 4 workflows, batch 4
     row = full.row()
     assert row["epoch (min)"] == pytest.approx(full.step_seconds * full.steps_per_epoch / 60)
-    assert all(t <= 4 * 64 for t in full.tokens)  # cut at max_length, 4 cases a step
+    assert all(t <= 4 * 64 * 8 for t in full.tokens)  # cut at the cap (8 windows of 64 tokens), 4 cases a step
     with pytest.raises(ValueError, match="mode 'heads'"):
         train_module.step_cost("cpu-quick")
     with pytest.raises(ValueError, match="steps an epoch"):

@@ -5,6 +5,8 @@ an int8 graph itself, so ``onnx_runtime.quantize`` renames its scratch file into
 - ``atomic_file(path)``: a context manager yielding a scratch path next to ``path``; write to it, and on a clean
   exit it replaces ``path``.
 - ``write_text(path, text)``: the same for a string.
+- ``publish(folder, path)``: a folder written beside ``path`` (a training run's working folder) takes its place,
+  as below.
 - ``atomic_folder(path)``: a scratch folder next to ``path``; on a clean exit it takes ``path``'s place (the old
   folder, if any, is moved aside to ``.NAME.old`` and removed only after the swap). If the second rename fails, the
   old folder is moved back; a process killed between the two renames leaves it whole at ``.NAME.old``, and the
@@ -90,23 +92,32 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    old = path.with_name(f".{path.name}.old")
     try:
         yield scratch
-        _share(scratch)
-        with _swap_turn(path.parent):
-            if old.exists() and not path.exists():  # a save killed between the renames: the last whole folder
-                os.replace(old, path)
-            shutil.rmtree(old, ignore_errors=True)
-            moved = path.exists()
-            if moved:
-                os.replace(path, old)
-            try:
-                os.replace(scratch, path)
-            except BaseException:
-                if moved and not path.exists():
-                    os.replace(old, path)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
+        publish(scratch, path)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def publish(folder: str | Path, path: str | Path) -> Path:
+    """Move the finished ``folder`` (beside ``path``, on the same filesystem) into ``path``'s place, as
+    ``atomic_folder`` does on a clean exit: a whole run written in a working folder appears at once, and a run
+    that fails before this leaves ``path`` as it was."""
+    folder, path = Path(folder), Path(path)
+    old = path.with_name(f".{path.name}.old")
+    _share(folder)
+    with _swap_turn(path.parent):
+        if old.exists() and not path.exists():  # a save killed between the renames: the last whole folder
+            os.replace(old, path)
+        shutil.rmtree(old, ignore_errors=True)
+        moved = path.exists()
+        if moved:
+            os.replace(path, old)
+        try:
+            os.replace(folder, path)
+        except BaseException:
+            if moved and not path.exists():
+                os.replace(old, path)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    return path

@@ -33,6 +33,7 @@ HUB_ID = "LocalLLaMA/typed-decisions"  # the public benchmark on the Hugging Fac
 HUB_CONFIG = "all"  # the config holding all four workflows
 SPLITS = ("train", "validation", "test")
 VALIDATION_PER_WORKFLOW = 20  # 4 workflows x 20 = the 80-case validation split
+WORKFLOWS = ("agent_trace_observability", "customer_service", "invoice_processing", "security_incidents")
 DEV_PER_WORKFLOW = 40  # 4 x 40 = a 160-case dev slice of train: 800 decisions rank close variants (80 cases cannot)
 RENDER_VERSION = "compact-json-v1"  # bump when render_state changes: cached features depend on it
 PROBABILITY_TOLERANCE = 1e-3  # gold maps are 6-decimal means of three samples; they sum to 1 within 2e-5
@@ -113,6 +114,13 @@ class Case:
             raise DataError(f"{where}: field 'gold' has answers for unknown questions {extra}")
         golds = {qid: Gold.from_json(q, gold[qid], where) for qid, q in parsed.items()}
         return cls(str(obj["id"]), str(obj["workflow"]), state, parsed, golds)
+
+    def to_json(self) -> dict:
+        """The case in the benchmark's row shape (``Case.from_json`` reads it back as it was)."""
+        return {"id": self.id, "workflow": self.workflow, "state": self.state,
+                "questions": {q: v.to_json() for q, v in self.questions.items()},
+                "gold": {q: {"probabilities": dict(zip(self.questions[q].options, g.probabilities.tolist())),
+                             "label": g.label} for q, g in self.gold.items()}}
 
     @property
     def text(self) -> str:
@@ -233,21 +241,22 @@ def read_jsonl(path: str | Path) -> list[Case]:
     return [Case.from_json(obj, where) for where, obj in jsonl_rows(path)]
 
 
-def _hashed_ids(cases: Iterable[Case], per_workflow: int, salt: str = "") -> set[str]:
-    """``per_workflow`` cases of each workflow, chosen by the SHA-256 of ``salt + id``: deterministic whatever
-    the file order."""
+def _hashed_ids(cases: Iterable[Case], per_workflow: int | dict[str, int], salt: str = "") -> set[str]:
+    """``per_workflow`` cases of each workflow (one count for all, or workflow -> count), chosen by the SHA-256 of
+    ``salt + id``: deterministic whatever the file order."""
     by_workflow: dict[str, list[str]] = {}
     for case in cases:
         by_workflow.setdefault(case.workflow, []).append(case.id)
     chosen = set()
-    for ids in by_workflow.values():
+    for workflow, ids in by_workflow.items():
         ids.sort(key=lambda i: hashlib.sha256(f"{salt}{i}".encode()).hexdigest())
-        chosen.update(ids[:per_workflow])
+        chosen.update(ids[:per_workflow if isinstance(per_workflow, int) else per_workflow.get(workflow, 0)])
     return chosen
 
 
-def dev_slice(train: Split, per_workflow: int = DEV_PER_WORKFLOW) -> tuple[Split, Split]:
-    """``(fit, dev)``: ``per_workflow`` cases of each workflow of ``train`` held out (by a hash of the id) for
+def dev_slice(train: Split, per_workflow: int | dict[str, int] = DEV_PER_WORKFLOW) -> tuple[Split, Split]:
+    """``(fit, dev)``: ``per_workflow`` cases of each workflow of ``train`` (one count, or workflow -> count) held
+    out (by a hash of the id) for
     picking a configuration or a training step, and the rest to fit on. The validation split stays free for
     calibration and thresholds, the test split for the final score."""
     held = _hashed_ids(train, per_workflow, salt="dev:")

@@ -8,6 +8,11 @@ fully fine-tuned model, the tuned backbone itself in ``backbone/`` (safetensors,
 mid-save leaves the previous save whole, and whatever else the folder held (the training history, reports, a
 checkpoint: the run folder's other files, named below) is carried over.
 
+Beside it, a trained run keeps what it was trained on (``write_data``): ``data.json`` (the source, a hash of the rows,
+the rows per split and workflow, the schema, how the splits were made) and ``test.jsonl`` (its test rows, so
+``decisionkit evaluate DIR`` scores them wherever the source went; ``held_out_rows``). ``recorded_split`` reads
+another split back from the recorded source, refusing rows that changed since.
+
 ``model.load(path)`` opens a saved model: ``ModelConfig.read`` checks the folder's format and rendering version,
 ``saved_backbone`` says which backbone to load, ``check_backbone`` refuses weights other than the trained ones, and
 ``restore`` puts the saved state into the new model.
@@ -25,8 +30,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .._version import __version__
-from ..core.atomic import atomic_folder
-from ..data.cases import RENDER_VERSION
+from ..core.atomic import atomic_folder, write_text
+from ..data.cases import RENDER_VERSION, Case, Split, jsonl_rows
+from ..data.decisions import IN_MEMORY, Decisions, load_decisions
 from ..data.questions import Question
 from .backbone import LoraSettings, QuantSettings
 from .checksums import weights_sha256
@@ -48,6 +54,8 @@ REPORT_FILE = "report.json"  # every metric of a run report; written last, so it
 REPORT_PAGE = "report.md"  # the same report, readable
 DECISIONS_FILE = "decisions.csv"  # one row per decision the report scored
 CHECKPOINT_DIR = "checkpoint"  # the last evaluated step of fine-tuning, for resuming; removed once it finishes
+DATA_FILE = "data.json"  # what the model was trained on: source, hash of the rows, rows per split and workflow, schema
+HELD_OUT_FILE = "test.jsonl"  # its test rows, in the benchmark's row shape: `decisionkit evaluate DIR` scores them
 
 
 def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
@@ -199,3 +207,44 @@ def restore(model, path: Path, saved: ModelConfig) -> None:
         model.structured = StructuredPart.from_saved(saved.structured, arrays)
     if saved.router:
         model.router = Router.from_saved(saved.router, tensors)
+
+
+def write_data(folder: str | Path, decisions: Decisions, test: Split) -> None:
+    """Keep in ``folder`` what a model was trained on (``DATA_FILE``: ``decisions.record``, and the test cases it was
+    scored on) and those test rows (``HELD_OUT_FILE``)."""
+    folder = Path(folder)
+    rows = "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in test)
+    write_text(folder / HELD_OUT_FILE, rows)
+    write_text(folder / DATA_FILE, json.dumps({**decisions.record, "test cases scored": len(test)}, indent=2,
+                                              ensure_ascii=False, default=str))
+
+
+def data_record(folder: str | Path) -> dict:
+    """The ``DATA_FILE`` of a saved run, or a FileNotFoundError saying it has none."""
+    path = Path(folder) / DATA_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {folder} keeps no record of its data (a model saved by "
+                                "fit_model alone, or before decisionkit recorded it); pass the data to score")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def held_out_rows(folder: str | Path) -> Split:
+    """The test rows a trained run kept (``HELD_OUT_FILE``) as a split."""
+    data_record(folder)
+    path = Path(folder) / HELD_OUT_FILE
+    return Split("test", [Case.from_json(row, where) for where, row in jsonl_rows(path)], str(path))
+
+
+def recorded_split(folder: str | Path, split: str) -> Split:
+    """``split`` of the data a run recorded, read again from its source with the same rule; refused when the source
+    was in memory, is gone, or holds other rows now (its hash differs)."""
+    record = data_record(folder)
+    if record["source"].startswith(IN_MEMORY):
+        raise ValueError(f"{folder} was trained on data {record['source']}: only its test rows were kept; pass the "
+                         f"data to score its {split} split")
+    decisions = load_decisions(record["source"], record["schema"] if not record.get("benchmark") else None,
+                               workflow=record.get("workflow"), seed=record.get("seed"), min_train=0)
+    if decisions.record["rows sha256"] != record["rows sha256"]:
+        raise ValueError(f"{record['source']} holds other rows than {folder} was trained on (their hash differs); "
+                         "pass the data to score")
+    return decisions[split]

@@ -120,6 +120,18 @@ def load_inputs(path: str | Path, workflows=None) -> Inputs:
     return Inputs(path.stem, ids, states, wfs, kinds)
 
 
+def off_domain(workflows, per_kind: int | None = None) -> Inputs:
+    """The project's off-domain set (poems, recipes, code, noise, ...: ``off_domain.jsonl``), each input read as the
+    state of one of ``workflows``: as the file assigns them when they are typed-decisions' own, else given to
+    ``workflows`` in turn (a poem is off-domain for any workflow). ``per_kind``: the first that many of each kind."""
+    workflows = sorted(workflows)
+    off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl")
+    if not set(off.workflows) <= set(workflows):
+        off = Inputs(off.name, off.ids, off.states, [workflows[i % len(workflows)] for i in range(len(off))],
+                     off.kinds)
+    return off.per_kind(per_kind) if per_kind else off
+
+
 def fit_router(model, train: Split, validation: Split, score: str = "confidence",
                rejection: float = TARGET_REJECTION, folds: int | None = None) -> Router:
     """Fit the feature density and the priors on ``train``; the tail and the threshold on held-out real inputs

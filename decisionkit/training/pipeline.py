@@ -1,75 +1,95 @@
-"""The one training call and the run around it: from a preset to a finished, saved model and its report.
+"""The one training call and the run around it: from data and a preset to a finished, saved model and its report.
 
-- ``train(preset, out)`` (``decisionkit.train``; the CLI's ``train`` and ``demo`` go through it): the weights
-  (``trainer.fit_model``), temperatures fitted on validation (``calibration.calibrate``: probabilities to the soft
-  gold, confidence to the answer), the router fitted on train and validation (``anomaly.fit_router``, any dataset;
-  for typed-decisions also the share of the off-domain set it routes), validation and test scored as the saved
-  model answers them and the hybrid's parts apart; the model saved in ``out``. It returns the finished model and
-  its report (``Trained``); writing the report is a step of its own.
-- ``run_report(preset, out)``: ``train``, the zero-shot baseline if asked (``zeroshot``), and the report written
-  beside the model (``report.RunReport``); with ``reuse``, a folder that holds a report is read instead.
+- ``train(data, out, schema=..., preset=...)`` (``decisionkit.train``; the CLI's ``train`` and ``demo`` go through
+  it): the data read once (``trainer.decisions_of``: your own rows from any source, or the preset's dataset), the
+  weights (``trainer.fit_model``), the temperatures (typed-decisions: fitted on validation, ``calibration.calibrate``;
+  your own data, small: out of fold on train plus validation, ``calibration.calibrate_out_of_fold``), the router
+  (``anomaly.fit_router``) checked on the held-out test rows and on the project's off-domain set read as states of
+  the data's own workflows (``anomaly.off_domain``), validation and test scored as the saved model answers them,
+  against the majority answer of each question and a hybrid's parts apart; the model, what it was trained on
+  (``saving.write_data``) and the report saved. Everything is written in a working folder beside ``out``
+  (``.NAME.training``, where an interrupted fine-tuning run resumes) and moved into ``out`` once whole
+  (``atomic.publish``): a run that fails leaves no model that looks finished, and an older one in ``out`` stays.
+- ``run_report(preset, out)``: ``train`` for a preset's own dataset, as the notebooks call it; with ``reuse``, a
+  folder that holds a report of the same settings is read instead.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.atomic import publish
 from ..data.cases import Split
-from ..data.metrics import score
+from ..data.decisions import Decisions
+from ..data.metrics import prior_predictions, score
 from ..model import saving
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel
-from .anomaly import OFF_DOMAIN_DIR, evaluate_scores, fit_router, load_inputs
-from .calibration import calibrate
-from .presets import Preset, preset
+from . import presets
+from .anomaly import evaluate_scores, fit_router, off_domain
+from .calibration import calibrate, calibrate_out_of_fold
+from .presets import DEFAULT_PRESET, Preset
 from .report import RunReport
-from .trainer import TrainResult, fit_model, held_out_test, part_scores
+from .trainer import TrainResult, decisions_of, fit_model, held_out_test, part_scores
 from .zeroshot import zero_shot_predictions
 
 
 @dataclass
 class Trained:
     """What ``train`` returns: the finished model (calibrated, routed, saved in ``out``; ``decisionkit.load(out)``
-    gives it back), its report (``report.save(out)`` writes it), and how its weights were fitted."""
+    gives it back), its report (saved beside it), how its weights were fitted, and the data it read."""
 
     model: DecisionModel
     report: RunReport
     fitted: TrainResult
     splits: dict[str, Split]  # the preset's train pool, validation and test cases
+    data: Decisions
 
 
-def train(preset_name: str | Preset, out: str | Path, data_dir=None, resume: bool = True, progress: bool = True,
-          route: bool = True) -> Trained:
-    """Train preset ``preset_name`` into ``out`` and finish the model: calibrate it on validation, fit its router
-    (``route=False`` skips the router: a pass over every train case for a fine-tuned model), score validation and
-    test as it now answers (distance-aware with a router; the heads alone are in the calibration table), save it."""
-    p = preset(preset_name) if isinstance(preset_name, str) else preset_name
-    fitted = fit_model(p, out, data_dir=data_dir, resume=resume, progress=progress)
+def working_folder(out: str | Path) -> Path:
+    """Where a run into ``out`` is written until it is whole: a hidden folder beside it."""
+    out = Path(out)
+    return out.with_name(f".{out.name}.training")
+
+
+def train(data=None, out: str | Path = "runs/model", *, schema=None, preset: str | Preset = DEFAULT_PRESET,
+          zero_shot: int = 0, resume: bool = True, progress: bool = True, route: bool = True) -> Trained:
+    """Train a decision model on ``data`` into ``out``: the weights, temperatures, router, scores and report.
+
+    ``data``: your decisions from any source ``decisions.load_decisions`` reads (a ``.csv``, ``.jsonl``, ``.json``
+    or ``.parquet`` file, a folder, a DataFrame, a list of dicts, a ``datasets.Dataset``) with ``schema`` (a dict or a
+    ``schema.json`` path) unless the rows or the folder carry their questions; a loaded ``Decisions``; or None, the
+    preset's own dataset. ``preset``: a name or a ``Preset`` (default: the main job's hybrid). ``zero_shot``: also
+    score the zero-shot baseline on that many validation cases per workflow. ``route=False`` skips the router (a pass
+    over every train case for a fine-tuned model). ``resume=False`` starts afresh where an interrupted run left
+    its working folder."""
+    p = presets.preset(preset) if isinstance(preset, str) else preset
+    decisions = decisions_of(p, data, schema)
+    out = Path(out)
+    work = working_folder(out)
+    if not resume:
+        shutil.rmtree(work, ignore_errors=True)
+    fitted = fit_model(p, work, decisions, resume=resume, progress=progress)
     model = fitted.model  # as saved: a fine-tuning run's best step
     # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
     # the test cases it is scored on (a sample for quick presets)
-    splits = {**fitted.cases, "test": held_out_test(p, data_dir)}
-    calibration = calibrate(model, splits["validation"], splits["test"])
-    scores = {name: calibration.scores[(name, "after")] for name in ("validation", "test")}
+    splits = {**fitted.cases, "test": held_out_test(p, decisions)}
+    small = not decisions.benchmark and model.backbone.frozen and model.head_recipe is not None
+    if small:  # a user's few hundred rows: temperatures fitted on out-of-fold train and validation, kept if they help
+        calibration = calibrate_out_of_fold(model, splits["train"], splits["validation"], splits["test"])
+    else:
+        calibration = calibrate(model, splits["validation"], splits["test"])
     routing = {}
     if route:
-        router = fit_router(model, splits["train"], splits["validation"])
-        others = []  # the project's off-domain set is written in typed-decisions' workflows
-        if p.dataset == "typed-decisions":
-            off = load_inputs(OFF_DOMAIN_DIR / "off_domain.jsonl", set(splits["train"].workflows))
-            others.append(off.per_kind(p.off_domain_per_kind) if p.off_domain_per_kind else off)  # quick: fewer a kind
-        sent = evaluate_scores(model, splits["test"], *others).routed().groupby(level="set").apply(
-            lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum()))
-        routing = {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
-                   "fitted on": router.fitted_on, "reference distance": router.reference,
-                   "distance scale": router.scale, "field reference": router.field_reference,
-                   "field scale": router.field_scale, **{f"{name} sent to a human": share for name, share in sent.items()}}
-        # What the saved model answers now: distance-aware (the heads alone stay in the calibration table).
-        scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
-    model.save(out)
-    baselines = {}
+        routing = routed(model, splits, off_domain(splits["train"].workflows, p.off_domain_per_kind))
+    scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
+    model.save(work)
+    saving.write_data(work, decisions, splits["test"])
+    baselines = {f"majority per question ({len(splits['test'])} test cases)":
+                 score(splits["test"], prior_predictions(splits["train"], splits["test"]))}
     if model.structured is not None:  # the hybrid's parts apart, on the same test cases
         baselines.update({f"{part} ({len(splits['test'])} test cases)": s
                           for part, s in part_scores(model, splits["test"]).items()})
@@ -77,17 +97,38 @@ def train(preset_name: str | Preset, out: str | Path, data_dir=None, resume: boo
     report = RunReport(
         backbone={"name": saved["name"], "source": backbone.resolved.source,
                   "weights_sha256": saved["weights_sha256"], "kind": backbone.kind},
-        data_source=splits["test"].source,
+        data_source=decisions.record["source"],
         training={"preset": p.name, "mode": p.mode, "seconds": fitted.seconds,
                   "peak_memory_gb": fitted.peak_memory_gb, "best_val_loss": fitted.best_val_loss, **fitted.extra},
         scores=scores, baselines=baselines,
         history=fitted.history,
-        calibration={"temperatures": calibration.temperatures,
+        calibration={"method": "out of fold (train) and validation" if small else "validation",
+                     "temperatures": calibration.temperatures,
                      "confidence_temperatures": calibration.confidence_temperatures,
                      "table": {f"{split}/{stage}": row for (split, stage), row in
                                calibration.table().to_dict(orient="index").items()}},
-        routing=routing)
-    return Trained(model, report, fitted, splits)
+        routing=routing, data=decisions.record)
+    trained = Trained(model, report, fitted, splits, decisions)
+    if zero_shot:
+        add_zero_shot(trained, zero_shot, progress)
+    report.save(work)
+    publish(work, out)
+    fitted.out = out
+    return trained
+
+
+def routed(model, splits: dict, off) -> dict:
+    """Fit ``model``'s router on train and validation, and say what it sends to a human: the share of the held-out
+    test rows, of the off-domain inputs ``off`` (and of each kind of them), with the threshold and its settings."""
+    router = fit_router(model, splits["train"], splits["validation"])
+    table = evaluate_scores(model, splits["test"], off).routed()
+    share = lambda g: float((g["inputs"] * g["sent to a human"]).sum() / g["inputs"].sum())  # noqa: E731
+    sent = table.groupby(level="set").apply(share)
+    return {"score": router.score, "threshold": router.threshold, "target share": router.rejection,
+            "fitted on": router.fitted_on, "reference distance": router.reference,
+            "distance scale": router.scale, "field reference": router.field_reference,
+            "field scale": router.field_scale, **{f"{name} sent to a human": v for name, v in sent.items()},
+            "share sent to a human by off-domain kind": table.loc[off.name, "sent to a human"].to_dict()}
 
 
 def add_zero_shot(trained: Trained, per_workflow: int, progress: bool = True) -> None:
@@ -101,12 +142,12 @@ def add_zero_shot(trained: Trained, per_workflow: int, progress: bool = True) ->
         sample, zero_shot_predictions(asked, sample, progress=progress))
 
 
-def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_shot: int = 0, resume: bool = True,
-               progress: bool = True, reuse: bool = False, route: bool = True) -> RunReport:
-    """A run, end to end: ``train``, the zero-shot baseline on ``zero_shot`` validation cases per workflow (0:
-    none), and the report written beside the model. With ``reuse``, a folder that already holds a report is read
-    instead of trained again (notebooks show saved full runs), if it was trained with the same preset settings."""
-    p = preset(preset_name) if isinstance(preset_name, str) else preset_name
+def run_report(preset_name: str | Preset, out: str | Path, data=None, zero_shot: int = 0, resume: bool = True,
+               progress: bool = True, reuse: bool = False, route: bool = True, schema=None) -> RunReport:
+    """``train`` with preset ``preset_name`` (on its own dataset unless ``data`` is given), returning the report it
+    saved beside the model. With ``reuse``, a folder that already holds a report is read instead of trained again
+    (notebooks show saved full runs), if it was trained with the same preset settings."""
+    p = presets.preset(preset_name) if isinstance(preset_name, str) else preset_name
     if reuse and (Path(out) / saving.REPORT_FILE).is_file():
         saved = json.loads((Path(out) / saving.HISTORY_FILE).read_text())["preset"]
         if saved != json.loads(json.dumps(p.to_json())):
@@ -115,8 +156,5 @@ def run_report(preset_name: str | Preset, out: str | Path, data_dir=None, zero_s
             raise ValueError(f"{out} holds a run of preset {saved['name']!r} with other settings ({', '.join(changed)}); "
                              "delete that folder to train this preset there, or give another folder")
         return RunReport.load(out)
-    trained = train(p, out, data_dir=data_dir, resume=resume, progress=progress, route=route)
-    if zero_shot:
-        add_zero_shot(trained, zero_shot, progress)
-    trained.report.save(out)
-    return trained.report
+    return train(data, out, schema=schema, preset=p, zero_shot=zero_shot, resume=resume, progress=progress,
+                 route=route).report

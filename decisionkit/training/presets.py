@@ -13,6 +13,7 @@ from ..model.features import FeatureSpec
 from ..model.trees import TREE_ROUNDS
 
 MODES = ("heads", "full", "lora", "qlora")
+DEFAULT_PRESET = "cpu-fast"  # the main job's hybrid (make demo): what `decisionkit train` fits unless told
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,10 @@ class Preset:
 # without a better dev loss (the measurements: benchmarks/results/choices.md#stage-2).
 _FULL = dict(mode="full", epochs=2, lr=1e-5, finetune_head_lr=0.0, weight_decay=0.01, eval_every=20, patience=4)
 PRESETS = {
-    # CI, tests and the notebooks' quick mode: a few cases, short inputs, one model shared by the tests and every
-    # notebook's quick run (its features are extracted once a session). A slower rate and a strong L2, or 40 cases
+    # CI, tests and the notebooks' quick mode: a few cases, short windows, one model shared by the tests and every
+    # notebook's quick run (its features are extracted once a session). max_length is the window, not a cut: a state
+    # is read whole in windows of 128 tokens (2.2 a typed-decisions state on average, 4 at most; the cap is 8), as
+    # the quick presets below read theirs in windows of 64. A slower rate and a strong L2, or 40 cases
     # are overfitted before the first step checked; 30 boosting rounds at 5x the rate, as the trees' time grows with
     # the rounds (benchmarks/results/choices.md#cpu-quick).
     "cpu-quick": Preset("cpu-quick", "heads", features=FeatureSpec(max_length=128), train_per_workflow=10,

@@ -60,11 +60,17 @@ class RunReport:
     history: pd.DataFrame = field(default_factory=pd.DataFrame)  # the training curves (held-out loss by step)
     calibration: dict = field(default_factory=dict)  # temperatures and the before/after table
     routing: dict = field(default_factory=dict)  # the threshold and the share of each set sent to a human
+    data: dict = field(default_factory=dict)  # what it was trained on (``Decisions.record``: rows, splits, schema)
+
+    @property
+    def benchmark(self) -> bool:
+        """True for a run on typed-decisions (or one that recorded no data): the quoted references apply to it."""
+        return bool(self.data.get("benchmark", True))
 
     def to_json(self) -> dict:
         return {
             "backbone": self.backbone,
-            "data": {"source": self.data_source},
+            "data": {**self.data, "source": self.data_source},
             "training": self.training,
             **{split: _metrics(s) for split, s in self.scores.items()},
             "baselines": {name: _metrics(s) for name, s in self.baselines.items()},
@@ -81,9 +87,16 @@ class RunReport:
                                      "ece_confidence"]]
 
     def card(self) -> str:
-        lines = [f"backbone   {self.backbone['name']} ({self.backbone['source']})",
-                 f"training   preset {self.training['preset']}, {self.training['seconds']:.0f} s, "
-                 f"peak memory {self.training['peak_memory_gb']:.2f} GB"]
+        lines = [f"backbone   {self.backbone['name']} ({self.backbone['source']})"]
+        if self.data.get("rows"):
+            sizes = ", ".join(f"{sum(self.data['rows'][s].values())} {s}" for s in self.data["rows"])
+            states = self.data["states"]
+            lines.append(f"data       {self.data_source}: {sizes} ({self.data['split rule']}); states "
+                         f"{states['json']} JSON, {states['text']} text")
+        lines.append(f"training   preset {self.training['preset']}, {self.training['seconds']:.0f} s, "
+                     f"peak memory {self.training['peak_memory_gb']:.2f} GB")
+        if "trees" in self.training:
+            lines.append(f"trees      {self.training['trees']}")
         for name, row in self.table().iterrows():
             lines.append(f"{name:<34} accuracy {row['accuracy']:.3f}  KL {row['kl']:.3f}  "
                          f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}  ECE of confidence "
@@ -99,7 +112,14 @@ class RunReport:
         for split, s in self.scores.items():
             parts += [f"## {split}: by question type", "", s.summary("type").round(4).to_markdown(), "",
                       f"## {split}: by workflow", "", s.summary("workflow").round(4).to_markdown(), ""]
-        parts += ["## Quoted references (not measured here)", "", REFERENCES.to_markdown(), ""]
+        if self.data.get("rows"):
+            rows = pd.DataFrame(self.data["rows"]).fillna(0).astype(int)
+            parts += ["## Data", "", f"Source: {self.data_source} ({self.data['rows total']} rows, SHA-256 of the rows "
+                      f"{self.data['rows sha256'][:16]}...). Splits: {self.data['split rule']}. States: "
+                      f"{self.data['states']['json']} read as JSON, {self.data['states']['text']} as text.", "",
+                      rows.to_markdown(), ""]
+        if self.benchmark:
+            parts += ["## Quoted references (not measured here)", "", REFERENCES.to_markdown(), ""]
         return "\n".join(parts)
 
     def save(self, folder: str | Path) -> None:
@@ -122,8 +142,18 @@ class RunReport:
                 for name in rows["set"].unique()}  # in the order they were saved
         pick = lambda kind: {k.split("/", 1)[1]: v for k, v in sets.items() if k.startswith(kind + "/")}  # noqa: E731
         history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text())["history"])
+        data = {k: v for k, v in saved["data"].items() if k != "source"}
         return cls(saved["backbone"], saved["data"]["source"], saved["training"], pick("scores"), pick("baselines"),
-                   history, saved.get("calibration", {}), saved.get("routing", {}))
+                   history, saved.get("calibration", {}), saved.get("routing", {}), data)
+
+    def ladder(self, split: str = "test") -> "Ladder":
+        """The baselines scored on ``split``'s cases (the majority answer per question, a hybrid's parts apart), weakest
+        first, then the trained model: each row's accuracy gain over the row above with its bootstrap interval, so
+        the model's row is its gain over the strongest baseline."""
+        cases = set(self.scores[split].decisions["case"])
+        same = {name: s for name, s in self.baselines.items() if set(s.decisions["case"]) == cases}
+        ranked = sorted(same, key=lambda name: same[name].overall()["accuracy"])
+        return Ladder({**{name: same[name] for name in ranked}, f"trained model ({split})": self.scores[split]})
 
     def figure(self):
         """The run's training curves: the heads' L2 search, then the fine-tuning steps (dev loss)."""

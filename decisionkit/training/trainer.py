@@ -20,7 +20,8 @@ import json
 import math
 import platform
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +31,13 @@ from transformers import set_seed
 
 from ..core.atomic import write_text
 from ..core.environment import peak_rss_gb, synchronize
-from ..data.cases import Split, dev_slice, load_typed_decisions
+from ..data.cases import Split, dev_slice
+from ..data.decisions import Decisions, load_decisions, typed_decisions
 from ..data.metrics import Scores, score
+from ..data.scenarios import SCENARIOS, scenario_decisions
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel, load
+from ..model.features import over_cap
 from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from ..model.heads import group_rows
 from ..model.output import DecisionOutput
@@ -132,48 +136,63 @@ class TrainResult:
         return training_curves(self.history)
 
 
-def load_split(dataset: str, split: str, data_dir=None) -> Split:
-    """A split of typed-decisions (from ``data_dir`` or the usual places) or of a scenario folder."""
-    if dataset == "typed-decisions":
-        return load_typed_decisions(split, data_dir)
-    from ..data.scenarios import load_scenario
+def decisions_of(p: Preset, data=None, schema=None) -> Decisions:
+    """The data a run of preset ``p`` reads, as ``Decisions`` (train, validation, test and their record): ``data``
+    itself when it is one; any source ``decisions.load_decisions`` reads (a file, a folder, a DataFrame, a list of
+    dicts, a ``datasets.Dataset``; ``schema``: its questions) or a scenario's name; with no ``data``, the preset's
+    own dataset (typed-decisions from ``$DECISIONKIT_DATA`` or the hub, or its scenario)."""
+    if isinstance(data, Decisions):
+        return data
+    if data is None:
+        data = None if p.dataset == "typed-decisions" else p.dataset
+        if data is None:
+            return typed_decisions()
+    if isinstance(data, (str, Path)) and str(data) in SCENARIOS and schema is None:
+        return scenario_decisions(data)
+    return load_decisions(data, schema)
 
-    return load_scenario(dataset, split)
 
-
-def training_pool(p: Preset, data_dir=None) -> Split:
+def training_pool(p: Preset, data=None) -> Split:
     """Every train case preset ``p`` uses, the dev slice included, in file order (features are cached for it)."""
-    train = load_split(p.dataset, "train", data_dir)
+    train = decisions_of(p, data)["train"]
     return train.head(p.train_per_workflow + p.dev_per_workflow) if p.train_per_workflow else train
 
 
-def held_out_test(p: Preset, data_dir=None) -> Split:
+def held_out_test(p: Preset, data=None) -> Split:
     """The test cases a run of preset ``p`` is scored on: all, or ``test_per_workflow`` of each workflow."""
-    test = load_split(p.dataset, "test", data_dir)
+    test = decisions_of(p, data)["test"]
     return test.head(p.test_per_workflow) if p.test_per_workflow else test
 
 
-def training_splits(p: Preset, data_dir=None) -> tuple[Split, Split, Split]:
-    """``(train, dev, validation)`` for preset ``p``: the dev slice is held out of the training pool (or is the
-    validation split itself when ``dev_per_workflow`` is 0)."""
-    pool = training_pool(p, data_dir)
-    validation = load_split(p.dataset, "validation", data_dir)
+def dev_counts(p: Preset, pool: Split) -> dict[str, int]:
+    """Dev cases of each workflow held out of ``pool``: the preset's ``dev_per_workflow``, at most a third of the
+    workflow's cases (a few dozen rows of a user's workflow keep two thirds to fit on)."""
+    return {w: min(p.dev_per_workflow, n // 3) for w, n in Counter(pool.case_workflows).items()}
+
+
+def training_splits(p: Preset, data=None) -> tuple[Split, Split, Split]:
+    """``(train, dev, validation)`` for preset ``p``: the dev slice is held out of the training pool (``dev_counts``),
+    or is the validation split itself when ``dev_per_workflow`` is 0."""
+    decisions = decisions_of(p, data)
+    pool = training_pool(p, decisions)
+    validation = decisions["validation"]
     if p.validation_per_workflow:
         validation = validation.head(p.validation_per_workflow)
     if p.dev_per_workflow:
-        train, dev = dev_slice(pool, p.dev_per_workflow)
+        train, dev = dev_slice(pool, dev_counts(p, pool))
     else:
         train, dev = pool, validation
     return train, dev, validation
 
 
-def split_uses(p) -> pd.DataFrame:
+def split_uses(p, data=None) -> pd.DataFrame:
     """What each split of preset ``p``'s data (a preset or its name) is used for when its heads are trained and
     calibrated on small data (``calibrate_out_of_fold``), and its cases. With a dev slice (``dev_per_workflow``), it
     picks L2 and steps and the validation split is left to calibration; without one, validation does both."""
     p = preset(p) if isinstance(p, str) else p
-    _, dev, validation = training_splits(p)
-    train, test = training_pool(p), held_out_test(p)
+    data = decisions_of(p, data)
+    _, dev, validation = training_splits(p, data)
+    train, test = training_pool(p, data), held_out_test(p, data)
     if dev is validation:
         rows = {"train": (len(train), "fits the heads; scored out of fold for the temperatures"),
                 "validation": (len(validation), "picks L2 and steps, and fits the temperatures")}
@@ -188,23 +207,32 @@ def split_uses(p) -> pd.DataFrame:
     return table
 
 
-def fit_model(p: Preset | str, out: str | Path, data_dir=None, resume: bool = True,
+def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
               progress: bool = True) -> TrainResult:
-    """The weights of preset ``p``'s model: stage 1 (heads, and a hybrid's trees) and stage 2 (fine-tuning), the
-    best saved to ``out``, neither calibrated nor routed. ``decisionkit.train`` (``pipeline.train``) calls this, then
-    calibrates and routes; a lesson that shows those steps itself starts here."""
+    """The weights of preset ``p``'s model on ``data`` (``decisions_of``; default: the preset's dataset): stage 1
+    (heads, and a hybrid's trees) and stage 2 (fine-tuning), the best saved to ``out``, neither calibrated nor
+    routed. ``decisionkit.train`` (``pipeline.train``) calls this, then calibrates and routes; a lesson that shows
+    those steps itself starts here. A hybrid preset on a workflow whose states are all text fits the heads alone
+    (trees read a JSON state's fields), and says so (``extra["trees"]``)."""
     p = preset(p) if isinstance(p, str) else p
     out = Path(out)
+    data = decisions_of(p, data)
+    text_only = data.text_workflows
+    trees_note = {}
+    if p.structured and text_only:
+        p = replace(p, structured=False)
+        trees_note = {"trees": f"left out: the states of {', '.join(text_only)} are text, and trees read the fields "
+                               "of a JSON state; the heads answer alone"}
     started = time.perf_counter()
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
     # seeded after the load: a process's first load probes the compute dtype on random matrices, and the dropout
     # masks of stage 2 must not depend on whether this run came first
     set_seed(p.seed)
-    train_split, dev, validation = training_splits(p, data_dir)
-    model = DecisionModel(backbone, train_split.schema(), p.features)
+    train_split, dev, validation = training_splits(p, data)
+    model = DecisionModel(backbone, data.schema, p.features)
 
     # Stage 1: heads on frozen, cached features; L2 and steps picked on the dev slice.
-    pool = training_pool(p, data_dir)  # one cached extraction for train and dev (and the router, later)
+    pool = training_pool(p, data)  # one cached extraction for train and dev (and the router, later)
     extraction = time.perf_counter()
     pooled = dict(zip(pool.ids, model.split_pooled(pool)))
     extraction = time.perf_counter() - extraction  # a second or two when the on-disk cache has the features
@@ -216,7 +244,10 @@ def fit_model(p: Preset | str, out: str | Path, data_dir=None, resume: bool = Tr
     history, best = fit.history, fit.best_val_loss
     extra = {"head L2": fit.recipe.l2, "head steps": fit.recipe.steps, "train cases": len(train_split), "dev cases": len(dev),
              "validation cases": len(validation), "feature extraction (s)": round(extraction, 1),
-             **backbone.precision.describe()}
+             # states longer than the cap of windows: training read their first max_windows windows
+             f"train states past {model.spec.max_windows} windows of {model.spec.max_length} tokens":
+                 len(over_cap(model, pool)),
+             **trees_note, **backbone.precision.describe()}
     if p.mode == "heads":
         model.head_recipe = fit.recipe
         if p.dev_per_workflow:  # the choice is made: fit again on every training case
@@ -252,7 +283,7 @@ class StepCost:
     preset: Preset
     backbone: str
     trainable: int  # parameters the step updates
-    tokens: list[int]  # per timed step, after the cut at max_length
+    tokens: list[int]  # per timed step, up to the cap (max_windows windows of max_length)
     seconds: list[float]  # per timed step
     steps_per_epoch: int
     compute_dtype: str
@@ -281,7 +312,7 @@ class StepCosts:
         return pd.DataFrame.from_dict({name: c.row() for name, c in self.costs.items()}, orient="index")
 
 
-def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCost:
+def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data=None) -> StepCost:
     """Time ``steps`` optimizer steps of fine-tuning preset ``p`` (after ``warmup`` untimed ones) exactly as
     ``train`` runs them: its backbone made trainable as the mode says, its batches (every workflow mixed, micro-batches
     of similar length), its optimizer and clipping; the heads start uniform, which costs the same. What a step costs
@@ -293,7 +324,7 @@ def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -
         raise ValueError(f"preset {p.name!r} has mode 'heads': it has no fine-tuning step to time")
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
     set_seed(p.seed)
-    train_split, _, _ = training_splits(p, data_dir)
+    train_split, _, _ = training_splits(p, data)
     model = DecisionModel(backbone, train_split.schema(), p.features)
     accelerator, optimizer = prepare(model, p)
     per_epoch = math.ceil(len(train_split) / p.batch_size)
@@ -316,13 +347,32 @@ def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data_dir=None) -
                     backbone.precision.dtype)
 
 
-def step_costs(presets, steps: int = 3, warmup: int = 1, data_dir=None) -> StepCosts:
+def step_costs(presets, steps: int = 3, warmup: int = 1, data=None) -> StepCosts:
     """``step_cost`` of each preset, one after the other (each loads its own backbone)."""
-    return StepCosts({(p if isinstance(p, str) else p.name): step_cost(p, steps, warmup, data_dir) for p in presets})
+    return StepCosts({(p if isinstance(p, str) else p.name): step_cost(p, steps, warmup, data) for p in presets})
 
 
-def evaluate(path_or_model, split: str = "validation", data_dir=None, dataset: str = "typed-decisions"):
-    """Scores of a saved (or in-memory) model on ``split`` of ``dataset``; ``metrics.Scores`` breaks them down."""
+def evaluate(path_or_model, split: str = "test", data=None, schema=None) -> Scores:
+    """Scores of a saved (or in-memory) model; ``metrics.Scores`` breaks them down. With no ``data``, a saved model
+    scores its own held-out ``split`` (test: the rows it kept, ``saving.HELD_OUT_FILE``; validation or train: read
+    again from the source it recorded, checked against the rows' hash). ``data``: any source ``decisions_of`` reads
+    (its ``split``; a source that names no splits is scored whole)."""
+    from ..model.saving import held_out_rows, recorded_split
+
     model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
-    cases = load_split(dataset, split, data_dir)
+    if data is None:
+        if not isinstance(path_or_model, (str, Path)):
+            raise ValueError("an in-memory model has no record of its data: pass data=...")
+        cases = held_out_rows(path_or_model) if split == "test" else recorded_split(path_or_model, split)
+    else:
+        cases = scored_split(data, split, schema or {w: {q: v.to_json() for q, v in qs.items()}
+                                                     for w, qs in model.schema.items()})
     return score(cases, *model.outputs(cases))
+
+
+def scored_split(data, split: str, schema) -> Split:
+    """``split`` of ``data`` when its rows name their splits, or every row when none does (a file of new cases)."""
+    if isinstance(data, (str, Path)) and str(data) in SCENARIOS:
+        return scenario_decisions(data, min_train=0)[split]
+    decisions = load_decisions(data, schema, min_train=0, carve=False)
+    return decisions[split] if any(decisions.splits.values()) else decisions.rows
