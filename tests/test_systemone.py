@@ -172,6 +172,32 @@ def test_prepare_reads_a_long_state_in_windows_and_refuses_one_past_the_cap(tiny
                              "(4 windows of 64)")
 
 
+def test_every_benchmark_test_state_is_served_by_the_demo_encoder_none_refused_for_length(splits):
+    """The demo's encoder (MiniLM-L6, windows of 512 tokens, the default cap): all 400 test states pass ``prepare``
+    (7 of them are longer than 512 tokens: the server used to refuse them), and those longer ones are answered
+    through ``respond`` as ``decide`` answers them, within the compute dtype's tolerance (random heads: the
+    mechanics, not what a model learned)."""
+    import torch
+
+    from decisionkit.core.precision import ANSWER_TOLERANCE
+    from decisionkit.model.backbone import ENCODER_BACKBONE, load_backbone
+    from decisionkit.model.decision_model import DecisionModel, FeatureSpec
+
+    torch.manual_seed(3)
+    model = DecisionModel(load_backbone(ENCODER_BACKBONE), splits["train"].schema(), FeatureSpec()).eval()
+    models = {"demo": model}
+    requests = [SystemOneRequest(model="demo", state=c.state, workflow=c.workflow,
+                                 questions={q: x.to_json() for q, x in c.questions.items()}) for c in splits["test"]]
+    prepared = [prepare(models, r) for r in requests]
+    assert not [p for p in prepared if isinstance(p, Refusal)]
+    long = [i for i, p in enumerate(prepared) if len(p.input_ids) > 1]
+    assert len(long) >= 7 and all(len(prepared[i].input_ids) <= 8 for i in long)
+    tolerance = ANSWER_TOLERANCE[model.backbone.precision.dtype]
+    for i, response in zip(long, respond(models, [prepared[i] for i in long])):
+        local = model.decide(requests[i].state, requests[i].model_dump()["questions"], requests[i].workflow)
+        assert systemone.disagreements(response["answers"], local, tolerance) == []
+
+
 def test_answer_table_shows_each_answer_and_its_confidence():
     answers = {"urgent": {"type": "noul", "noul": 0.2},
                "team": {"type": "choice", "choice": "billing", "confidence": 0.7, "probabilities": {"billing": 0.6}},
