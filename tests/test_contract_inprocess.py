@@ -273,7 +273,7 @@ def test_a_state_of_several_windows_is_answered_and_one_past_the_cap_refused(tin
     import torch
 
     from decisionkit.model.decision_model import DecisionModel, FeatureSpec
-    from decisionkit.model.features import window_lengths
+    from decisionkit.model.windows import window_lengths
 
     torch.manual_seed(3)
     model = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=64, max_windows=4))

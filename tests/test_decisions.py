@@ -16,9 +16,8 @@ from decisionkit.data.decisions import (
     held_out_test_rows,
     held_out_validation_rows,
     load_decisions,
-    load_schema,
-    load_schemas,
 )
+from decisionkit.data.labels import load_schema, load_schemas
 from decisionkit.data.scenarios import load_scenario
 
 SCHEMA = {

@@ -117,7 +117,7 @@ def test_a_long_text_is_read_in_windows_up_to_the_cap(tiny_backbone, splits):
     """tokenize: windows of max_length tokens, special tokens in each, their owner; the first max_windows kept.
     extract_features: the token states of a text are its windows' real tokens, one window after the other, and a
     text past the cap is counted."""
-    from decisionkit.model.features import tokenize, window_lengths, windows
+    from decisionkit.model.windows import tokenize, window_lengths, windows
 
     case = max(splits["validation"].head(1), key=lambda c: len(c.text))
     split = windows(tiny_backbone, [case.text, "short"], 32)

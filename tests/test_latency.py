@@ -223,7 +223,7 @@ def test_onnx_export_gives_the_torch_features(tiny_backbone, splits, tmp_path):
     from decisionkit.core.precision import Precision
     from decisionkit.course.onnx_runtime import OnnxEncoder, export
     from decisionkit.model.decision_model import DecisionModel, FeatureSpec
-    from decisionkit.model.features import tokenize
+    from decisionkit.model.windows import tokenize
 
     model = DecisionModel(tiny_backbone, splits["train"].schema(), FeatureSpec(max_length=128))
     path = export(model, tmp_path / "onnx")

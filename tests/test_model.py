@@ -233,7 +233,7 @@ def windowed(tiny_backbone, splits):
 
 def _by_windows(model, cases) -> dict[int, list]:
     """``cases`` by how many windows of the model's length their rendered state takes."""
-    from decisionkit.model.features import window_lengths
+    from decisionkit.model.windows import window_lengths
 
     _, needed = window_lengths(model.backbone, [c.text for c in cases], model.spec.max_length)
     found: dict[int, list] = {}
@@ -243,7 +243,8 @@ def _by_windows(model, cases) -> dict[int, list]:
 
 
 def test_a_state_of_several_windows_is_answered_and_pooled_across_them(windowed, splits, monkeypatch):
-    from decisionkit.model.features import extract_features, tokenize
+    from decisionkit.model.features import extract_features
+    from decisionkit.model.windows import tokenize
 
     monkeypatch.setattr(windowed.backbone, "precision", Precision("cpu", "float32", "test"))
     case = _by_windows(windowed, splits["validation"])[3][0]
@@ -282,7 +283,7 @@ def test_past_the_cap_decide_refuses_and_training_cuts(windowed, splits):
         windowed.decide_many([{"state": case.state, "workflow": case.workflow}])
     batch = windowed.tokenize([case.text])  # training keeps the first 4 windows
     assert batch["owner"].tolist() == [0] * 4
-    from decisionkit.model.features import over_cap
+    from decisionkit.model.windows import over_cap
 
     lengths = _by_windows(windowed, splits["validation"])
     short = lengths[min(lengths)][0]  # within the cap

@@ -149,7 +149,7 @@ def tiny_model(tiny_backbone, splits):
 
 
 def test_prepare_reads_a_long_state_in_windows_and_refuses_one_past_the_cap(tiny_model, splits):
-    from decisionkit.model.features import window_lengths
+    from decisionkit.model.windows import window_lengths
 
     models = {"tiny": tiny_model}
     _, needed = window_lengths(tiny_model.backbone, splits["validation"].texts, 64)

@@ -309,16 +309,14 @@ def checked(schema: Mapping[str, Mapping[str, Question]], state: Any, questions:
 
 
 def state_windows(model, text: str) -> tuple[tuple[int, ...], ...]:
-    """The rendered state ``text`` tokenized in the windows ``model`` reads (``features.windows``: windows of
+    """The rendered state ``text`` tokenized in the windows ``model`` reads (``model.windows_of``: windows of
     ``spec.max_length`` tokens, special tokens in each); a QuestionError on field 'state' (``too_long``) when it
     needs more than ``spec.max_windows`` of them."""
-    from ..model.features import windows
-
-    return within_cap(model, windows(model.backbone, [text], model.spec.max_length)[0])
+    return within_cap(model, model.windows_of([text])[0])
 
 
 def within_cap(model, found: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
-    """A rendered state's windows (``features.windows``) as they are, if ``model`` reads that many (at most
+    """A rendered state's windows (``model.windows_of``) as they are, if ``model`` reads that many (at most
     ``spec.max_windows``); else the QuestionError on field 'state' that ``state_windows`` raises."""
     spec = model.spec
     if len(found) > spec.max_windows:

@@ -34,7 +34,7 @@ from scipy.stats import bootstrap
 from torch import nn
 
 from ..core.environment import environment, synchronize
-from ..model.features import tokenize
+from ..model.windows import tokenize
 
 PERCENTILES = (50, 95, 99)
 P99_MIN_TIMINGS = 100  # fewer timings than this give no p99: it would be one of the last one or two samples

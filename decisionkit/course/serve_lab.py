@@ -234,7 +234,7 @@ def fitting(model, cases, count: int | None = None) -> list:
     """The first ``count`` (None: all) of ``cases`` short enough for ``model`` (within its cap of
     ``spec.max_windows`` windows of ``spec.max_length`` tokens): the server refuses a longer state rather than cut
     it, as a client could not see the cut."""
-    from ..model.features import window_lengths
+    from ..model.windows import window_lengths
 
     _, needed = window_lengths(model.backbone, [c.text for c in cases], model.spec.max_length, model.spec.max_windows)
     fits = [c for c, n in zip(cases, needed) if n <= model.spec.max_windows]

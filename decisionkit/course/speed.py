@@ -22,10 +22,11 @@ from torch import nn
 
 from ..core.precision import Precision, matmul_times
 from ..data.metrics import score
-from ..model.features import standardization, window_lengths
+from ..model.features import standardization
 from ..model.fitting import refit_heads
 from ..model.heads import HeadSet
 from ..model.output import read
+from ..model.windows import window_lengths
 
 
 def _computing_in(dtype: str):

@@ -33,23 +33,22 @@ train for it (at most ``VALIDATION_PER_WORKFLOW``, the benchmark's own 20). Both
 the row's id (stratified by workflow, deterministic whatever the row order); with the default seed the validation
 rows of typed-decisions are the benchmark's 80. Every workflow must keep ``MIN_TRAIN_PER_WORKFLOW`` train rows.
 
-Every refusal is a ``DataError`` that names the row (file and line, or row number) and the field, before anything is
-trained: a label that is not an option, a distribution that does not sum to 1, a missing label, a state that is
+The sources are read by ``tables.py``, the schema and the labels by ``labels.py``. Every refusal is a
+``DataError`` that names the row (file and line, or row number) and the field, before anything is trained: a label
+that is not an option, a distribution that does not sum to 1, a missing label, a state that is
 neither text nor an object, a question the schema lacks, a duplicate id, too few rows, an empty or unreadable file.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
-import numpy as np
 import pandas as pd
 
 from ..core import settings
@@ -57,24 +56,21 @@ from .cases import (
     VALIDATION_PER_WORKFLOW,
     WORKFLOWS,
     Case,
-    Gold,
     Split,
     _hashed_ids,
-    jsonl_rows,
     load_typed_decisions,
-    probability_vector,
 )
+from .labels import gold_from_label, load_schemas, scalar
 from .questions import DataError, Question
+from .tables import read_source
 
 SPLITS = ("train", "validation", "test")
 TEST_SHARE = 0.2  # of each workflow's rows, held out for test when the data names no test split
 VALIDATION_SHARE = 0.1  # of each workflow's train rows, held out for validation when the data names none (at most
 # VALIDATION_PER_WORKFLOW, the benchmark's own 20 a workflow)
 MIN_TRAIN_PER_WORKFLOW = 20  # rows a workflow must keep in train: heads, a dev slice and trees need this many
-FILE_KINDS = (".jsonl", ".json", ".csv", ".parquet")
 # the columns of a row that are not labels
 ROW_KEYS = ("id", "workflow", "split", "state", "text", "labels", "gold", "questions")
-IN_MEMORY = "in memory"
 
 
 @dataclass
@@ -113,131 +109,11 @@ class Decisions:
                 f"{sizes} ({self.record['split rule']}); states: {states['json']} JSON, {states['text']} text")
 
 
-# ----- questions ----------------------------------------------------------------------------------------------------
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        raise DataError(f"duplicate keys {repeated}: every question name and option must be unique")
-    return dict(pairs)
-
-
-def _read_json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except DataError as err:
-        raise DataError(f"{path}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
-    except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text") from None
-
-
-def _is_question(value: Any) -> bool:
-    return isinstance(value, dict) and "type" in value
-
-
-def load_schema(schema: dict | str | Path, where: str = "schema") -> dict[str, Question]:
-    """The questions of one workflow, from a dict written in a notebook or a JSON file (duplicate names or options
-    refused)."""
-    if not isinstance(schema, dict):
-        where = str(schema)
-        schema = _read_json_file(Path(schema))
-    if not isinstance(schema, dict) or not schema:
-        raise DataError(f"{where}: a schema is an object of question name -> question, with at least one question")
-    return {name: Question.from_json(name, question, where) for name, question in schema.items()}
-
-
-def load_schemas(schema: dict | str | Path, where: str = "schema") -> dict[str | None, dict[str, Question]]:
-    """A schema for one workflow (``{question: {...}}``: key None, it applies to every workflow of the data) or for
-    several (``{workflow: {question: {...}}}``), as workflow -> question -> Question."""
-    if not isinstance(schema, dict):
-        where = str(schema)
-        schema = _read_json_file(Path(schema))
-    if not isinstance(schema, dict) or not schema:
-        raise DataError(f"{where}: a schema is an object of question name -> question (one workflow) or of workflow "
-                        "-> question name -> question, with at least one question")
-    if all(_is_question(v) for v in schema.values()):
-        return {None: load_schema(schema, where)}
-    if all(isinstance(v, dict) and v and all(_is_question(q) for q in v.values()) for v in schema.values()):
-        return {str(w): load_schema(qs, f"{where}: workflow {w!r}") for w, qs in schema.items()}
-    bad = next(k for k, v in schema.items() if not _is_question(v))
-    raise DataError(f"{where}: field {bad!r} is neither a question (an object with a 'type') nor a workflow's "
-                    "questions; expected {question: {type, instructions, criteria}} or {workflow: {question: ...}}")
-
-
-# ----- labels -------------------------------------------------------------------------------------------------------
-def _scalar(value: Any) -> Any:
-    """numpy and pandas scalars as plain Python values; NaN and None as None."""
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)) and np.ndim(value) == 0:
-        value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def _hard_key(question: Question, label: Any) -> str | None:
-    """The option key a hard label names, or None when it names none."""
-    if isinstance(label, bool):
-        return str(label).lower() if question.type == "noul" else None
-    if isinstance(label, float) and label.is_integer():
-        label = int(label)
-    if isinstance(label, int):
-        key = str(label)
-        if question.type == "noul":
-            return {"0": "false", "1": "true"}.get(key)
-        return key if key in question.options else None
-    if isinstance(label, str):
-        key = label.strip()
-        if question.type == "noul":
-            key = {"0": "false", "1": "true"}.get(key, key.lower())
-        return key if key in question.options else None
-    return None
-
-
-def gold_from_label(question: Question, label: Any, where: str, field_name: str | None = None) -> Gold:
-    """A hard label or a distribution over options (a dict, or its JSON in a string) as a gold distribution;
-    a DataError naming ``where`` and the field otherwise."""
-    name = field_name or question.id
-    label = _scalar(label)
-    if isinstance(label, str) and label.strip().startswith("{"):
-        try:
-            label = json.loads(label)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: field '{name}' is not valid JSON ({err.msg}); expected an option of "
-                            f"{list(question.options)} or a distribution such as {{\"{question.options[0]}\": 1.0}}"
-                            ) from None
-    if isinstance(label, dict):
-        if not label:
-            raise DataError(f"{where}: field '{name}' is an empty distribution; expected option -> probability")
-        if "probabilities" in label:  # the benchmark's gold object: its own reader, its stored label kept
-            return Gold.from_json(question, label, where)
-        label = {str(k): _scalar(v) for k, v in label.items()}
-        if question.type == "noul":
-            label = {_hard_key(question, k) or k: v for k, v in label.items()}
-        unknown = sorted(set(label) - set(question.options))
-        if unknown:
-            raise DataError(f"{where}: field '{name}' has options {unknown}; expected some of {list(question.options)}")
-        probs = probability_vector(question, {o: label.get(o, 0.0) for o in question.options}, where, name)
-        return Gold(probs, question.options[int(np.argmax(probs))])
-    if label is None or (isinstance(label, str) and not label.strip()):
-        raise DataError(f"{where}: field '{name}' is missing; every row needs a label for question {question.id!r} "
-                        f"(one of {list(question.options)}, or a distribution over them)")
-    key = _hard_key(question, label)
-    if key is None:
-        hint = " (or true/false, 0/1)" if question.type == "noul" else ""
-        raise DataError(f"{where}: field '{name}' is {label!r}; expected one of {list(question.options)}{hint} or a "
-                        "distribution over them")
-    probs = np.zeros(len(question.options))
-    probs[question.options.index(key)] = 1.0
-    return Gold(probs, key)
-
-
 # ----- rows ---------------------------------------------------------------------------------------------------------
 def _state(value: Any, where: str) -> tuple[Any, bool]:
     """(state, read as JSON): an object stays one; a string holding a JSON object becomes that object; other text
     stays text. Anything else is refused."""
-    value = _scalar(value)
+    value = scalar(value)
     if isinstance(value, dict):
         return value, True
     if isinstance(value, str):
@@ -259,7 +135,7 @@ def _state(value: Any, where: str) -> tuple[Any, bool]:
 
 def _json_field(value: Any, name: str, where: str) -> Any:
     """A nested field (``questions``, ``labels``, ``gold``) that a CSV or parquet stores as a JSON string."""
-    value = _scalar(value)
+    value = scalar(value)
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -289,11 +165,11 @@ def _parse_row(raw: Any, where: str, number: int, schemas: dict[str | None, dict
     if "state" not in row and "text" not in row:
         raise DataError(f"{where}: field 'state' is missing; every row needs a state (a JSON object or text)")
     state, is_json = _state(row["state"] if "state" in row else row["text"], where)
-    case_id = _scalar(row.get("id"))
+    case_id = scalar(row.get("id"))
     case_id = str(number) if case_id is None or str(case_id).strip() == "" else str(case_id)
-    wf = _scalar(row.get("workflow"))
+    wf = scalar(row.get("workflow"))
     wf = workflow if wf is None or str(wf).strip() == "" else str(wf)
-    split = _scalar(row.get("split"))
+    split = scalar(row.get("split"))
     split = None if split is None or str(split).strip() == "" else str(split).strip()
     if split is not None and split not in splits:
         raise DataError(f"{where}: field 'split' is {split!r}; expected one of {', '.join(splits)} (or none: the "
@@ -323,7 +199,7 @@ def _parse_row(raw: Any, where: str, number: int, schemas: dict[str | None, dict
     else:
         labels = {k: v for k, v in row.items() if k not in ROW_KEYS}
         prefix = ""
-        extra = sorted(k for k in set(labels) - set(questions) if _scalar(labels[k]) not in (None, ""))
+        extra = sorted(k for k in set(labels) - set(questions) if scalar(labels[k]) not in (None, ""))
     if extra:
         raise DataError(f"{where}: field {prefix + extra[0]!r} is not a question of the schema (its questions: "
                         f"{', '.join(questions)}); a row holds id, workflow, split, state and one label per question")
@@ -335,98 +211,6 @@ def _case(row: _Row) -> Case:
     gold = {qid: gold_from_label(q, label, row.where, name) for qid, q in row.questions.items()
             for label, name in [row.labels[qid]]}
     return Case(row.id, row.workflow, row.state, dict(row.questions), gold)
-
-
-# ----- sources ------------------------------------------------------------------------------------------------------
-def _csv_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    try:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle)
-            if not reader.fieldnames:
-                return
-            if len(set(reader.fieldnames)) != len(reader.fieldnames):
-                repeated = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
-                raise DataError(f"{path}:1: columns {repeated} appear twice; every column needs its own name")
-            for row in reader:
-                where = f"{path}:{reader.line_num}"
-                if None in row:
-                    raise DataError(f"{where}: the row has {len(reader.fieldnames) + len(row[None])} cells; the header "
-                                    f"has {len(reader.fieldnames)} columns (a cell with a comma needs quotes)")
-                yield where, {k: v for k, v in row.items() if v is not None}
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not a readable CSV: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except csv.Error as err:
-        raise DataError(f"{path}: not a readable CSV ({err})") from None
-
-
-def _json_list_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    rows = _read_json_file(path)
-    if not isinstance(rows, list):
-        raise DataError(f"{path}: a .json file of rows must hold a list of objects, got {type(rows).__name__}")
-    for i, row in enumerate(rows):
-        yield f"{path} row {i + 1}", row
-
-
-def _frame_rows(frame: pd.DataFrame, name: str) -> Iterator[tuple[str, dict]]:
-    for i, row in enumerate(frame.to_dict(orient="records")):
-        yield f"{name} row {i + 1}", row
-
-
-def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as err:  # pyarrow raises several kinds for a file that is not parquet
-        raise DataError(f"{path}: not a readable parquet file ({err})") from None
-    return _frame_rows(frame, str(path))
-
-
-def _file_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    readers = {".jsonl": jsonl_rows, ".json": _json_list_rows, ".csv": _csv_rows, ".parquet": _parquet_rows}
-    if path.suffix not in readers:
-        raise DataError(f"{path}: a {path.suffix or 'file without a suffix'} is not read; expected one of "
-                        f"{', '.join(FILE_KINDS)}")
-    return readers[path.suffix](path)
-
-
-def _memory_rows(data: Any) -> tuple[Iterable[tuple[str, Any]], str]:
-    if isinstance(data, pd.DataFrame):
-        return _frame_rows(data, "DataFrame"), "DataFrame"
-    if hasattr(data, "features") and hasattr(data, "column_names"):  # a datasets.Dataset (not imported here)
-        return ((f"Dataset row {i + 1}", row) for i, row in enumerate(data)), "Dataset"
-    if isinstance(data, (list, tuple)):
-        return ((f"row {i + 1}", row) for i, row in enumerate(data)), "list"
-    raise DataError(f"data is a {type(data).__name__}; expected a file or folder path, a pandas DataFrame, a list of "
-                    "dicts or a datasets.Dataset")
-
-
-@dataclass
-class _Source:
-    rows: list[tuple[str, Any, str | None]]  # (where, row, split the file gives it)
-    name: str  # what the record names as the source
-    workflow: str  # the default workflow name
-    schema: Any  # a schema found beside the data, or None
-    benchmark_layout: bool = False  # train.jsonl and test.jsonl, as typed-decisions is laid out
-
-
-def _source(data: Any, workflow: str | None) -> _Source:
-    if not isinstance(data, (str, Path)):
-        rows, kind = _memory_rows(data)
-        return _Source([(w, r, None) for w, r in rows], f"{IN_MEMORY} ({kind})", workflow or "decisions", None)
-    path = Path(data).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: expected a {'/'.join(FILE_KINDS)} file or a folder")
-    if path.is_file():
-        return _Source([(w, r, None) for w, r in _file_rows(path)], str(path), workflow or path.stem, None)
-    schema = path / "schema.json"
-    if (path / "train.jsonl").is_file() and (path / "test.jsonl").is_file():  # the benchmark's layout
-        rows = [(w, r, split) for split in ("train", "test") for w, r in jsonl_rows(path / f"{split}.jsonl")]
-        return _Source(rows, str(path), workflow or path.name, schema if schema.is_file() else None, True)
-    examples = sorted(p for p in path.iterdir() if p.suffix in FILE_KINDS and p.name != "schema.json"
-                      and not p.name.startswith("."))
-    if len(examples) != 1 or not schema.is_file():
-        raise FileNotFoundError(f"{path} must hold schema.json and exactly one examples file ({', '.join(FILE_KINDS)}),"
-                                f" or train.jsonl and test.jsonl; found {sorted(p.name for p in path.iterdir())}")
-    return _Source([(w, r, None) for w, r in _file_rows(examples[0])], str(path), workflow or path.name, schema)
 
 
 # ----- splits -------------------------------------------------------------------------------------------------------
@@ -474,7 +258,7 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, workfl
     ``splits``: the split names rows may carry (a scored-only file carries its own one, e.g. ``("other-voice",)``;
     nothing is then carved). ``min_train``: train rows each workflow must keep. ``carve=False``: no rows are held
     out (rows that name no split are in ``rows`` only: cases to score)."""
-    source = _source(data, workflow)
+    source = read_source(data, workflow)
     schema = schema if schema is not None else source.schema
     schemas = load_schemas(schema) if schema is not None else None
     if not source.rows:

@@ -23,7 +23,9 @@ from importlib.resources import files
 from pathlib import Path
 
 from .cases import Split
-from .decisions import FILE_KINDS, MIN_TRAIN_PER_WORKFLOW, SPLITS, Decisions, load_decisions, load_schema
+from .decisions import MIN_TRAIN_PER_WORKFLOW, SPLITS, Decisions, load_decisions
+from .labels import load_schema
+from .tables import FILE_KINDS
 
 __all__ = ["DATA_DIR", "SCENARIOS", "SCORED_ONLY", "load_scenario", "load_schema", "scenario_decisions", "scenario_folder"]
 

@@ -48,12 +48,13 @@ from ..data.questions import Question
 from . import features, saving
 from .backbone import Backbone, LoraSettings, load_backbone
 from .engines import add_lora
-from .features import FeatureSpec, hidden_states, pad_windows, standardization, tokenize, window_batches, windows
+from .features import FeatureSpec, hidden_states, standardization
 from .fitting import HeadRecipe
 from .heads import HeadSet, Targets, Temperatures, calibrated
 from .output import DecisionOutput, read
 from .pooling import pool_layers
 from .structured import StructuredPart
+from .windows import pad_windows, tokenize, window_batches, windows
 
 
 class DecisionModel(nn.Module):
@@ -90,6 +91,11 @@ class DecisionModel(nn.Module):
         window's ``owner`` (its text): ``forward``'s input. A text of more than ``spec.max_windows`` windows keeps
         its first ones, as training reads it (``decide`` refuses such a state instead: ``systemone.state_windows``)."""
         return tokenize(self.backbone, list(texts), self.spec.max_length, max_windows=self.spec.max_windows)
+
+    def windows_of(self, texts: Sequence[str]) -> list[tuple[tuple[int, ...], ...]]:
+        """Every window of each of ``texts`` (rendered states) as token ids, as this model reads them (no cap:
+        ``systemone.within_cap`` checks it)."""
+        return windows(self.backbone, list(texts), self.spec.max_length)
 
     def pad(self, windows: Sequence[Sequence[Sequence[int]]]) -> dict[str, torch.Tensor]:
         """``forward``'s input for states tokenized in windows already (``systemone.state_windows``)."""
@@ -265,7 +271,7 @@ class DecisionModel(nn.Module):
             self._require_router()
         if input_ids is None:  # one tokenizer call for them all
             input_ids = [systemone.within_cap(self, found) for found in
-                         windows(self.backbone, [item.text for item in items], self.spec.max_length)]
+                         self.windows_of([item.text for item in items])]
         lengths = [sum(len(ids) for ids in found) for found in input_ids]
         order = np.argsort(lengths, kind="stable")  # similar lengths share a batch: less padding
         results: list[dict | None] = [None] * len(items)

@@ -3,13 +3,13 @@
 Frozen features are what a heads-only decision model trains on, and what the pooling comparison probes.
 A text longer than the window (``max_length`` tokens, the encoder's length: MiniLM reads 512) is read in windows of
 ``max_length`` tokens, each with the tokenizer's special tokens, at most ``max_windows`` of them (``FeatureSpec``:
-8, so 4,096 tokens at 512), and pooled across them (``pooling.merge_windows``): the features of a text of one window
-are what they were when texts were cut at ``max_length``. Past the cap, training keeps a text's first
-``max_windows`` windows and counts it (``Features.cut``, ``over_cap``); ``DecisionModel.decide`` and the server
-refuse it instead (``systemone.state_windows``), since a client cannot see a cut.
-The cache key covers the backbone's weights, the rendered texts (so the rendering version), the window length, the
-cap on windows and the layers, so a change to any of them extracts again instead of reusing stale vectors. A list
-of cases whose texts were extracted before as part of other lists (a model's train pool, then its train and dev
+8, so 4,096 tokens at 512; tokenized by ``windows.py``), and pooled across them (``pooling.merge_windows``): the
+features of a text of one window are what they were when texts were cut at ``max_length``. Past the cap, training
+keeps a text's first ``max_windows`` windows and counts it (``Features.cut``, ``windows.over_cap``);
+``DecisionModel.decide`` and the server refuse it instead (``systemone.state_windows``), since a client cannot see a
+cut. The on-disk cache (``feature_cache.py``) is keyed by the backbone's weights, the rendered texts (so the
+rendering version), the window length, the cap on windows and the layers, so a change to any of them extracts again
+instead of reusing stale vectors. A list of cases whose texts were extracted before as part of other lists (a model's train pool, then its train and dev
 slices; the first 10 cases of each workflow, then the first 5) reads their rows from those files, and extracts only
 the texts never seen: one forward pass per text, whatever list it comes in.
 
@@ -23,7 +23,6 @@ with its training features' statistics (``standardization``); ``split_pooled``, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -33,18 +32,16 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from tqdm.auto import tqdm
 
 from ..core import settings
-from ..core.atomic import atomic_file
-from ..data.cases import RENDER_VERSION, Split
+from ..data.cases import Split
 from .backbone import Backbone
+from .feature_cache import cache_key, cached_rows, metadata, save_atomic, text_hashes
 from .heads import targets
 from .pooling import POOLINGS, last_token_index, pool_all
-
-DEFAULT_MAX_LENGTH = 512  # the longest typed-decisions state is about 490 SmolLM2 tokens rendered as compact JSON
-DEFAULT_MAX_WINDOWS = 8  # a state is read in at most 8 windows: 4,096 tokens at 512
+from .windows import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS, tokenize, window_batches, window_lengths
 
 
 @dataclass(frozen=True)
@@ -105,105 +102,6 @@ class Encoded:
     attention_mask: torch.Tensor
     input_ids: torch.Tensor
     owner: torch.Tensor | None = None
-
-
-def _windowed(tokenizer, texts: Sequence[str], max_length: int, **kwargs):
-    """The fast tokenizer's own windowing: every text in windows of ``max_length`` tokens, the special tokens added
-    to each, no overlap (``overflow_to_sample_mapping``: the text of each window)."""
-    batch = tokenizer(list(texts), truncation=True, max_length=max_length, return_overflowing_tokens=True, stride=0,
-                      verbose=False, **kwargs)
-    if "overflow_to_sample_mapping" not in batch:
-        raise TypeError(f"{type(tokenizer).__name__} does not window long texts (no overflow_to_sample_mapping); "
-                        "decisionkit reads them with a fast tokenizer")
-    return batch
-
-
-def tokenize(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
-             padding_side: str = "right", max_windows: int = 1) -> dict[str, torch.Tensor]:
-    """What the backbone reads of ``texts``, on its device: ``input_ids`` and ``attention_mask``, one row per window
-    of ``max_length`` tokens (special tokens included in each window), and ``owner``, the text each row is a window
-    of (0..len(texts)-1, in order: ``torch.arange(len(texts))`` when every text fits in one window). A text of more
-    than ``max_windows`` windows keeps its first ``max_windows`` (the default, 1: every text cut at ``max_length``).
-    ``DecisionModel.forward`` takes the three as keyword arguments, and pools the windows of a text into one vector.
-    """
-    tokenizer = backbone.tokenizer
-    kept, tokenizer.padding_side = tokenizer.padding_side, padding_side
-    try:
-        batch = _windowed(tokenizer, texts, max_length, padding=True, return_tensors="pt")
-    finally:
-        tokenizer.padding_side = kept
-    owner = batch["overflow_to_sample_mapping"].long()
-    out = {k: batch[k] for k in ("input_ids", "attention_mask")}
-    if len(owner) > len(texts):
-        first = torch.searchsorted(owner, owner, right=False)  # each text's first row (its windows are in order)
-        keep = (torch.arange(len(owner)) - first) < max_windows
-        if not bool(keep.all()):
-            out, owner = {k: v[keep] for k, v in out.items()}, owner[keep]
-    out["owner"] = owner
-    return {k: v.to(backbone.device) for k, v in out.items()}
-
-
-def windows(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH
-            ) -> list[tuple[tuple[int, ...], ...]]:
-    """Each of ``texts`` tokenized in windows of ``max_length`` tokens as ``tokenize`` reads them, all of them (no
-    cap): one tuple of windows, each a tuple of token ids, per text."""
-    if not texts:
-        return []
-    batch = _windowed(backbone.tokenizer, texts, max_length)
-    out: list[list[tuple[int, ...]]] = [[] for _ in texts]
-    for ids, owner in zip(batch["input_ids"], batch["overflow_to_sample_mapping"]):
-        out[owner].append(tuple(ids))
-    return [tuple(w) for w in out]
-
-
-def window_lengths(backbone: Backbone, texts: Sequence[str], max_length: int = DEFAULT_MAX_LENGTH,
-                   max_windows: int = DEFAULT_MAX_WINDOWS) -> tuple[np.ndarray, np.ndarray]:
-    """``(tokens, windows)`` per text: the tokens read of it (its first ``max_windows`` windows, special tokens
-    included) and the windows it needs (more than ``max_windows``: cut in training, refused by ``decide``)."""
-    split = windows(backbone, texts, max_length)
-    return (np.array([sum(len(w) for w in ws[:max_windows]) for ws in split], dtype=np.int64),
-            np.array([len(ws) for ws in split], dtype=np.int64))
-
-
-def over_cap(model, cases: Split) -> list[str]:
-    """The ids of ``cases`` whose rendered state is longer than ``model`` reads (more than ``spec.max_windows``
-    windows of ``spec.max_length`` tokens): training reads their first ``max_windows`` windows; ``decide`` and the
-    server refuse such a state. What a training report can count."""
-    _, needed = window_lengths(model.backbone, cases.texts, model.spec.max_length, model.spec.max_windows)
-    return [case_id for case_id, n in zip(cases.ids, needed) if n > model.spec.max_windows]
-
-
-def pad(backbone: Backbone, input_ids: Sequence[Sequence[int]], padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """``tokenize``'s ``input_ids`` and ``attention_mask`` for rows tokenized already (each within the window the
-    model reads): the rows padded into one batch, with their attention mask."""
-    batch = backbone.tokenizer.pad({"input_ids": [list(ids) for ids in input_ids]}, padding=True,
-                                   padding_side=padding_side, return_tensors="pt")
-    return {k: batch[k].to(backbone.device) for k in ("input_ids", "attention_mask")}
-
-
-def pad_windows(backbone: Backbone, texts: Sequence[Sequence[Sequence[int]]],
-                padding_side: str = "right") -> dict[str, torch.Tensor]:
-    """``tokenize``'s output for texts tokenized in windows already (``windows``; each text's windows as the model
-    reads them, within the cap): every window of every text padded into one batch (``pad``), and their ``owner``."""
-    batch = pad(backbone, [ids for text in texts for ids in text], padding_side)
-    counts = torch.tensor([len(text) for text in texts])
-    batch["owner"] = torch.repeat_interleave(torch.arange(len(texts)), counts).to(backbone.device)
-    return batch
-
-
-def window_batches(windows_per_text: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Positions ``0..n-1`` (texts, in the order to read them) grouped into forward passes of at most ``batch_size``
-    windows each; a text of more windows than that is read alone. Every text's windows share its pass, so its
-    windows are pooled together."""
-    groups: list[list[int]] = []
-    room = 0
-    for i, n in enumerate(windows_per_text):
-        if not groups or n > room:
-            groups.append([])
-            room = batch_size
-        groups[-1].append(i)
-        room -= n
-    return groups
 
 
 def hidden_states(backbone: Backbone, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -306,39 +204,6 @@ class TokenStates:
         return cls(ids, layer, offsets, np.concatenate(rows).astype(np.float16))
 
 
-def _cache_key(backbone: Backbone, texts: Sequence[str], max_length: int, layers: Sequence[int],
-               max_windows: int = DEFAULT_MAX_WINDOWS) -> str:
-    texts_sha = hashlib.sha256("\x1e".join(texts).encode()).hexdigest()
-    quant = None if backbone.quantize is None else repr(backbone.quantize)
-    # "windows": texts read in windows up to the cap (entries cached before, of texts cut at max_length, have none)
-    blob = json.dumps({"weights": backbone.checksum, "quantize": quant, "dtype": backbone.precision.dtype,
-                       "render": RENDER_VERSION, "texts": texts_sha, "max_length": max_length,
-                       "windows": max_windows, "layers": list(layers)})
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def _text_hashes(texts: Sequence[str]) -> list[str]:
-    return [hashlib.sha256(t.encode()).hexdigest()[:32] for t in texts]
-
-
-def _cached_rows(folder: Path, family: str, hashes: Sequence[str]) -> dict[str, tuple[Path, int]]:
-    """Where each of ``hashes`` (texts) was cached before in ``family`` (same weights, dtype, rendering, window,
-    cap and layers): text hash -> (file, row)."""
-    wanted, found = set(hashes), {}
-    for path in sorted(folder.glob(f"{family}-*.safetensors")):
-        for row, h in enumerate(json.loads(_metadata(path).get("texts", "[]"))):
-            if h in wanted and h not in found:
-                found[h] = (path, row)
-        if len(found) == len(wanted):
-            break
-    return found
-
-
-def _save_atomic(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    with atomic_file(path) as scratch:
-        save_file(arrays, scratch, metadata=metadata)
-
-
 def extract_features(
     backbone: Backbone,
     cases: Split,
@@ -369,23 +234,23 @@ def extract_features(
     if max_windows < 1:
         raise ValueError(f"max_windows is {max_windows}; a text is read in at least one window")
     texts = cases.texts
-    hashes = _text_hashes(texts)
+    hashes = text_hashes(texts)
     cache = cache and backbone.frozen
     path, token_paths, found = None, {}, {}
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
-        family = _cache_key(backbone, (), max_length, layers, max_windows)[:12]
-        path = root / "features" / (f"{family}-{_cache_key(backbone, texts, max_length, layers, max_windows)}"
+        family = cache_key(backbone, (), max_length, layers, max_windows)[:12]
+        path = root / "features" / (f"{family}-{cache_key(backbone, texts, max_length, layers, max_windows)}"
                                     ".safetensors")
         # token states are keyed by the same texts, weights, dtype, rendering, window and cap, and by their own layer
-        token_paths = {layer: root / "features" / f"{_cache_key(backbone, texts, max_length, (layer,), max_windows)}"
+        token_paths = {layer: root / "features" / f"{cache_key(backbone, texts, max_length, (layer,), max_windows)}"
                        f".tokens.safetensors" for layer in token_layers}
         if path.is_file() and all(p.is_file() for p in token_paths.values()):
             features = _load(path)
             features.tokens = {layer: _load_tokens(p) for layer, p in token_paths.items()}
             return features
         if not token_layers:  # token states need the forward pass anyway
-            found = _cached_rows(path.parent, family, hashes)
+            found = cached_rows(path.parent, family, hashes)
     missing = [i for i, h in enumerate(hashes) if h not in found]
     batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
     needed = np.zeros(len(texts), dtype=np.int64)  # windows each text needs, before the cap
@@ -421,19 +286,19 @@ def extract_features(
         for key, array in saved.items():
             pooled.setdefault(key, np.zeros((len(texts), array.shape[1]), dtype=np.float32))[
                 [i for i, _ in seen]] = array[[row for _, row in seen]]
-        saved_windows = json.loads(_metadata(source)["windows"])
+        saved_windows = json.loads(metadata(source)["windows"])
         needed[[i for i, _ in seen]] = [saved_windows[row] for _, row in seen]
         if not missing:
-            seconds = float(_metadata(source)["seconds_per_case"])
+            seconds = float(metadata(source)["seconds_per_case"])
     features = Features(cases.ids, layers, pooled, seconds, from_cache=not missing,
                         tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()},
                         windows=needed, max_windows=max_windows)
     if path is not None:
-        _save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
+        save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
                                     "texts": json.dumps(hashes), "seconds_per_case": repr(seconds),
                                     "windows": json.dumps(needed.tolist()), "max_windows": str(max_windows)})
         for layer, states in features.tokens.items():
-            _save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
+            save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
                          {"ids": json.dumps(cases.ids), "layer": str(layer)})
     return features
 
@@ -468,22 +333,15 @@ def split_output(model, cases: Split, loss: bool = False):
                       states=cases.states)
 
 
-def _metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="np") as handle:
-        return handle.metadata()
-
-
 def _load(path: Path) -> Features:
-    meta = _metadata(path)
+    meta = metadata(path)
     return Features(json.loads(meta["ids"]), tuple(json.loads(meta["layers"])), load_file(str(path)),
                     float(meta["seconds_per_case"]), from_cache=True,
                     windows=np.array(json.loads(meta["windows"]), dtype=np.int64), max_windows=int(meta["max_windows"]))
 
 
 def _load_tokens(path: Path) -> TokenStates:
-    meta, arrays = _metadata(path), load_file(str(path))
+    meta, arrays = metadata(path), load_file(str(path))
     return TokenStates(json.loads(meta["ids"]), int(meta["layer"]), arrays["offsets"], arrays["states"])
 
 

@@ -7,7 +7,7 @@ All three poolings respect the attention mask, so padding (right or left) never 
 - ``max``:  the element-wise maximum over real tokens.
 
 A text longer than the encoder's window is read in several windows (rows of the batch; ``owner`` maps each row to
-its text, ``features.tokenize``), each pooled alone, then merged into one vector per text by ``merge_windows``: the
+its text, ``windows.tokenize``), each pooled alone, then merged into one vector per text by ``merge_windows``: the
 mean weighted by each window's real tokens (the mean over every real token of the text), the element-wise maximum
 over its windows, or its last window's vector. A text of one window keeps its vector as it is.
 """

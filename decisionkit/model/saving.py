@@ -32,8 +32,9 @@ from safetensors.torch import load_file, save_file
 from .._version import __version__
 from ..core.atomic import atomic_folder, write_text
 from ..data.cases import RENDER_VERSION, Case, Split, jsonl_rows
-from ..data.decisions import IN_MEMORY, Decisions, load_decisions
+from ..data.decisions import Decisions, load_decisions
 from ..data.questions import Question
+from ..data.tables import IN_MEMORY
 from .backbone import LoraSettings, QuantSettings
 from .checksums import weights_sha256
 from .fitting import HeadRecipe

@@ -34,10 +34,11 @@ from tqdm.auto import tqdm
 from ..core import settings
 from ..data.cases import Split
 from ..data.questions import Question
-from .features import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS, TokenStates, extract_features
+from .features import TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
 from .heads import decision_loss, group_rows, head_key, targets, ungroup
 from .trees import TREE_ROUNDS
+from .windows import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS
 
 
 @dataclass(frozen=True)

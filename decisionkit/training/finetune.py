@@ -35,9 +35,9 @@ from ..core import settings
 from ..core.atomic import write_text
 from ..data.cases import Split
 from ..model.decision_model import DecisionModel
-from ..model.features import window_lengths
 from ..model.heads import decision_loss, targets, weight_norm
 from ..model.saving import BACKBONE_DIR, CHECKPOINT_DIR, load_trained
+from ..model.windows import window_lengths
 from .presets import Preset
 
 TRAINER_TENSORS = "trainer.safetensors"  # in the checkpoint folder: optimizer moments and random state

@@ -37,13 +37,13 @@ from ..data.metrics import Scores, score
 from ..data.scenarios import SCENARIOS, scenario_decisions
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel, load
-from ..model.features import over_cap
 from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
 from ..model.heads import group_rows
 from ..model.output import DecisionOutput
 from ..model.saving import HISTORY_FILE
 from ..model.structured import StructuredPart, mix_weights, mixed
 from ..model.trees import TREE_ROUNDS
+from ..model.windows import over_cap
 from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepare
 from .presets import Preset, preset
 
