@@ -19,19 +19,19 @@ def test_default_layers():
 
 
 def test_features_match_a_direct_forward_and_are_cached(backbone, small, tmp_path):
-    first = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
+    first = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=8, cache_dir=tmp_path)
     assert not first.from_cache and first.ids == small.ids and first.seconds_per_case > 0
     assert first.get("mean", 15).shape == (len(small), 576)
     enc = encode(backbone, [small[1].text], max_length=128, max_windows=8)  # every window of it
     np.testing.assert_allclose(first.get("last")[1], pool_all(enc.hidden[30], enc.attention_mask, enc.owner)["last"][0],
                                rtol=1e-4, atol=1e-4)
-    again = extract_features(backbone, small, layers=(15, 30), max_length=128, cache_dir=tmp_path)
+    again = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=8, cache_dir=tmp_path)
     assert again.from_cache and again.seconds_per_case == first.seconds_per_case
     for key, array in first.arrays.items():
         np.testing.assert_array_equal(again.arrays[key], array)
     assert again.windows.tolist() == first.windows.tolist() and again.cut == first.cut == 0
     # Another window length is another cache entry; so is another cap on windows (cutting the longer texts).
-    other = extract_features(backbone, small, layers=(15, 30), max_length=64, cache_dir=tmp_path)
+    other = extract_features(backbone, small, layers=(15, 30), max_length=64, max_windows=8, cache_dir=tmp_path)
     assert not other.from_cache
     capped = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=1, cache_dir=tmp_path)
     assert not capped.from_cache and capped.cut == int((first.windows > 1).sum()) > 0

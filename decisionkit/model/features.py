@@ -210,7 +210,7 @@ def extract_features(
     *,
     layers: Sequence[int] | None = None,
     max_length: int = DEFAULT_MAX_LENGTH,
-    max_windows: int = DEFAULT_MAX_WINDOWS,
+    max_windows: int = 1,
     token_layers: Sequence[int] = (),
     batch_size: int | None = None,
     cache: bool = True,
@@ -220,7 +220,9 @@ def extract_features(
     """Pooled features (every pooling, at ``layers``) of every case, from one forward pass per case; with
     ``token_layers``, the same pass also keeps those layers' states at every real token (``Features.tokens``).
     A text longer than ``max_length`` tokens is read in windows of that length, at most ``max_windows`` (its first
-    ones: ``Features.cut`` counts the texts cut there), pooled across them (``pooling.merge_windows``).
+    ones: ``Features.cut`` counts the texts cut there), pooled across them (``pooling.merge_windows``). The default,
+    one window, cuts every text at ``max_length`` as the course's probes read them; a model's features pass its own
+    cap (``split_pooled``: ``spec.max_windows``), so training reads what ``decide`` reads.
 
     On CPU the default batch size is 1 (padding costs more than batching gains on two cores); on a GPU, 16. The
     batch size counts windows: a pass reads whole texts up to that many windows (a longer text is read alone).

@@ -38,7 +38,7 @@ from .features import TokenStates, extract_features
 from .fitting import HeadRecipe, OutOfFoldMix, heads_answers, mix_out_of_fold
 from .heads import decision_loss, group_rows, head_key, targets, ungroup
 from .trees import TREE_ROUNDS
-from .windows import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS
+from .windows import DEFAULT_MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def token_answers(states: TokenStates, spec: TokenHeadSpec = TokenHeadSpec()):
 
 def token_hybrid(backbone, train: Split, scored: Split, spec: TokenHeadSpec = TokenHeadSpec(),
                  max_length: int = DEFAULT_MAX_LENGTH, rounds: int = TREE_ROUNDS, heads: HeadRecipe | None = None,
-                 pooled_layers: Sequence[int] = (), max_windows: int = DEFAULT_MAX_WINDOWS) -> OutOfFoldMix:
+                 pooled_layers: Sequence[int] = (), max_windows: int = 1) -> OutOfFoldMix:
     """A token head on ``backbone``'s token states of ``spec.layer``, fitted on ``train``, answering
     ``scored`` alone and mixed with trees on the fields as the hybrid mixes its pooled heads
     (``fitting.mix_out_of_fold``, trees of ``rounds`` boosting rounds). With ``heads`` (a ``HeadRecipe``, as a
