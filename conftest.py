@@ -20,11 +20,14 @@ if "DECISIONKIT_DTYPE" not in os.environ:
 
 
 # The suite's tiers (`pytest -m unit`, `-m integration`, `-m notebooks`; `make test` runs all three, as CI does).
-# A test is an integration test when it starts another process or server, drives a browser, builds a wheel, or needs
-# a trained model (the session's quick model); a notebook item is a notebook test; everything else is a unit test.
+# A test is an integration test when it starts another process or server, drives a browser, builds a wheel, trains
+# a model (heads, probes, trees on real features, a fine-tune: the files of TRAINING_FILES) or needs a trained one (a
+# fixture of INTEGRATION_FIXTURES); a notebook item is a notebook test; everything else is a unit test: mechanics on
+# synthetic logits and features and the tiny random backbone, seconds each.
 INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py", "test_serve_own_data.py",
-                     "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py"}
-INTEGRATION_FIXTURES = {"quick_model"}
+                     "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py", "test_checkpoint.py"}
+TRAINING_FILES = {"test_training.py", "test_probe.py", "test_token_head.py", "test_own_data.py"}
+INTEGRATION_FIXTURES = {"quick_model", "ngs_qc_run"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +36,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebooks)
-        elif item.path.name in INTEGRATION_FILES or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+        elif (item.path.name in INTEGRATION_FILES | TRAINING_FILES
+              or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)

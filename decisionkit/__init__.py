@@ -39,12 +39,15 @@ __all__ = ["__version__", *_MODULES, *_EXPORTS]
 
 
 def __getattr__(name: str):
-    if name in _MODULES:
-        value = importlib.import_module(f".{_MODULES[name]}", __name__)
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    else:
-        raise AttributeError(f"module 'decisionkit' has no attribute {name!r}")
+    from .core.extras import needs_extra
+
+    with needs_extra(f"decisionkit.{name}"):  # dk.serve without the [serve] extra says which to install
+        if name in _MODULES:
+            value = importlib.import_module(f".{_MODULES[name]}", __name__)
+        elif name in _EXPORTS:
+            value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        else:
+            raise AttributeError(f"module 'decisionkit' has no attribute {name!r}")
     globals()[name] = value  # resolved once
     return value
 

@@ -171,21 +171,21 @@ def test_fitted_where_fits_each_split_and_scores_the_same_test(quick_model, spli
 
 
 @pytest.fixture(scope="module")
-def qc():
+def ngs_qc_run():
     return shared_run("ngs-qc"), {s: load_scenario("ngs-qc", s) for s in ("train", "validation", "test")}
 
 
 @pytest.fixture(scope="module")
-def qc_pool(qc):
+def qc_pool(ngs_qc_run):
     """Held-out logits of every train report (out of fold) and of every validation report."""
-    path, splits = qc
+    path, splits = ngs_qc_run
     model = decisionkit.load(path)
     return DecisionLogits.joined([out_of_fold_logits(model, splits["train"]), decision_logits(model, splits["validation"])],
                                  "pool")
 
 
-def test_out_of_fold_logits_score_each_train_case_once_with_heads_that_never_saw_it(qc, qc_pool):
-    path, splits = qc
+def test_out_of_fold_logits_score_each_train_case_once_with_heads_that_never_saw_it(ngs_qc_run, qc_pool):
+    path, splits = ngs_qc_run
     model = decisionkit.load(path)
     train = splits["train"]
     oof = out_of_fold_logits(model, train)
@@ -242,8 +242,8 @@ def test_the_rule_refuses_a_temperature_that_lowers_kl_but_raises_ece(qc_pool):
     assert confidence["kept"] and confidence["fitted T"] < 1
 
 
-def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(qc):
-    path, splits = qc
+def test_calibrate_out_of_fold_sets_the_kept_temperatures_and_only_scores_test(ngs_qc_run):
+    path, splits = ngs_qc_run
     train, validation, test = splits["train"], splits["validation"], splits["test"]
     model = decisionkit.load(path)
     report = calibrate_out_of_fold(model, train, validation, test)

@@ -2,7 +2,8 @@
 ``decisionkit.train(data, out=..., schema=...)`` on a CSV export of JSON states with no split or workflow column, the
 saved record of the data, ``decisionkit evaluate DIR`` on the test rows the model kept, text states (heads alone,
 said), and a failed run that leaves nothing that looks finished. The backbone is the tiny random Llama: these tests
-check the path, not what it learns (notebook 08 and the expenses scenario show that on MiniLM)."""
+check the path, not what it learns (notebook 08 and the expenses scenario show that on MiniLM). Last, a project
+scenario (the tickets, text states) trained by the same trainer and answering."""
 
 import csv
 import json
@@ -12,9 +13,12 @@ import pytest
 
 import decisionkit
 from decisionkit.cli import main
+from decisionkit.data.metrics import score, uniform_predictions
+from decisionkit.data.scenarios import load_scenario
 from decisionkit.model.decision_model import FeatureSpec
 from decisionkit.training import pipeline, presets
 from decisionkit.training.report import RunReport
+from decisionkit.training.trainer import evaluate, fit_model, preset
 
 SCHEMA = {
     "approve": {"type": "noul", "instructions": "Reimburse the claim as filed?"},
@@ -135,3 +139,30 @@ def test_a_failed_run_leaves_no_model_that_looks_finished(tmp_path, tiny_hybrid,
     with pytest.raises(RuntimeError):
         decisionkit.train(data, new, schema=schema, progress=False)
     assert not new.exists()  # only the hidden working folder, which a rerun resumes from or --restart clears
+
+
+def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
+    # The trainer's mechanics on few cases: the steps are picked on the 10 validation tickets (a dev slice of 10 of
+    # 50 train tickets picked step 0, the uniform start); test_scenario_presets_keep_dev_and_validation_apart checks
+    # the presets' own dev slices.
+    # A window of 256 tokens holds nearly every ticket whole. With 96-token windows the longer tickets are read in
+    # several, pooled: the 40-ticket model then scored 0.783 on validation but sent the seed ticket to
+    # technical_support, a miss of so small a model, not of the mechanics this test checks.
+    p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, dev_per_workflow=0,
+               validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=256))
+    result = fit_model(p, tmp_path / "tickets", progress=False)
+    assert result.extra["train cases"] == 40
+    assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
+    model = decisionkit.load(tmp_path / "tickets")
+    answers = model.decide("my credit card was charged twice, refund today")
+    assert set(answers) == {"team", "priority", "sentiment", "contains_pii", "language"}
+    # Uniform heads answer every question with its first option (billing, en): these answers need the text read.
+    # Measured with these settings: step 10, validation accuracy 0.787 against 0.543 for uniform answers.
+    assert answers["team"]["choice"] == "billing" and answers["language"]["choice"] == "en"
+    crash = model.decide("the app crashes every time I open it, please fix the bug")
+    assert crash["team"]["choice"] == "technical_support"
+    assert model.decide("我的账户被锁定了，无法登录")["language"]["choice"] == "zh"
+    assert model.decide("necesito cambiar la contraseña de mi cuenta")["language"]["choice"] == "es"
+    validation = load_scenario("tickets", "validation")
+    accuracy = evaluate(model, "validation", "tickets").overall()["accuracy"]
+    assert accuracy > score(validation, uniform_predictions(validation)).overall()["accuracy"] + 0.1

@@ -3,12 +3,10 @@ import json
 import numpy as np
 import pytest
 
-import decisionkit
 from decisionkit.data.cases import DataError
 from decisionkit.data.decisions import load_decisions
-from decisionkit.data.metrics import score, uniform_predictions
 from decisionkit.data.scenarios import DATA_DIR, load_scenario, load_schema
-from decisionkit.training.trainer import evaluate, fit_model, preset, split_uses, training_splits
+from decisionkit.training.trainer import preset, split_uses, training_splits
 
 SCHEMA = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "money", "tech": "bugs"}},
@@ -50,33 +48,6 @@ def test_csv_examples_with_text_and_a_distribution_in_a_cell(tmp_path):
     cases = load_decisions(tmp_path, min_train=0, carve=False).rows  # the folder's rows, none held out
     assert [c.gold["team"].label for c in cases] == ["billing", "tech"] and cases.workflows == [tmp_path.name]
     assert cases[1].gold["team"].probabilities.tolist() == [0.1, 0.9] and cases[1].state == "app crashes, help"
-
-
-def test_scenario_trains_with_the_same_trainer_and_decides_on_text(tmp_path):
-    # The trainer's mechanics on few cases: the steps are picked on the 10 validation tickets (a dev slice of 10 of
-    # 50 train tickets picked step 0, the uniform start); test_scenario_presets_keep_dev_and_validation_apart checks
-    # the presets' own dev slices.
-    # A window of 256 tokens holds nearly every ticket whole. With 96-token windows the longer tickets are read in
-    # several, pooled: the 40-ticket model then scored 0.783 on validation but sent the seed ticket to
-    # technical_support, a miss of so small a model, not of the mechanics this test checks.
-    p = preset("tickets", head_steps=30, l2_grid=(1e-2,), train_per_workflow=40, dev_per_workflow=0,
-               validation_per_workflow=10, features=decisionkit.FeatureSpec(max_length=256))
-    result = fit_model(p, tmp_path / "tickets", progress=False)
-    assert result.extra["train cases"] == 40
-    assert result.extra["head steps"] > 0  # step 0 is the uniform start: the heads would have learned nothing
-    model = decisionkit.load(tmp_path / "tickets")
-    answers = model.decide("my credit card was charged twice, refund today")
-    assert set(answers) == {"team", "priority", "sentiment", "contains_pii", "language"}
-    # Uniform heads answer every question with its first option (billing, en): these answers need the text read.
-    # Measured with these settings: step 10, validation accuracy 0.787 against 0.543 for uniform answers.
-    assert answers["team"]["choice"] == "billing" and answers["language"]["choice"] == "en"
-    crash = model.decide("the app crashes every time I open it, please fix the bug")
-    assert crash["team"]["choice"] == "technical_support"
-    assert model.decide("我的账户被锁定了，无法登录")["language"]["choice"] == "zh"
-    assert model.decide("necesito cambiar la contraseña de mi cuenta")["language"]["choice"] == "es"
-    validation = load_scenario("tickets", "validation")
-    accuracy = evaluate(model, "validation", "tickets").overall()["accuracy"]
-    assert accuracy > score(validation, uniform_predictions(validation)).overall()["accuracy"] + 0.1
 
 
 def test_scenario_presets_keep_dev_and_validation_apart():

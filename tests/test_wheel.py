@@ -1,13 +1,15 @@
-"""The package as a user gets it: a wheel, installed in a fresh virtual environment, run from a folder outside the
-repository (so the source tree cannot be imported by accident), trains the tickets scenario from the data it
-carries and answers with the saved model.
+"""The package as a user gets it: the core wheel alone (no extra), installed in a fresh virtual environment, run from
+a folder outside the repository (so the source tree cannot be imported by accident), trains the tickets scenario
+from the data it carries and answers with the saved model; what needs an extra says which.
 
 How the fresh environment gets the third-party packages: a real ``pip install <wheel> -c
 requirements/constraints.txt`` (after torch 2.13.0, as the Makefile does) was measured here at 3.6 minutes and
-2.1 GB, most of the test's budget before any training, so the fresh venv sees the project venv's site-packages through a ``.pth`` line
-instead. A ``.pth`` line only appends a folder to ``sys.path``: the ``.pth`` files inside that folder (among them
-the editable-install finder that maps ``decisionkit`` to this checkout) are not processed, and the fresh venv's own
-site-packages comes first, so ``import decisionkit`` resolves to the wheel. The test checks exactly that.
+2.1 GB, most of the test's budget before any training. So the fresh venv gets exactly the core's packages from the
+project venv instead: the closure of the wheel's own ``Requires-Dist`` (no extra), walked through the installed
+distributions' metadata, each distribution's files linked into one folder that a ``.pth`` line puts on the path,
+with the offline backbones of ``requirements/backbone.txt`` (installed --no-deps, as the README does). FastAPI,
+plotly, peft and the rest of the extras are not there (the test checks), and the fresh venv's own site-packages
+comes first, so ``import decisionkit`` resolves to the wheel. The test checks exactly that.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 import zipfile
 from pathlib import Path
@@ -37,6 +38,37 @@ TRAIN_CASES, TEST_CASES = 40, 30
 MARGIN = 0.15  # how far above the majority answer the installed model must be
 DATA_FILES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "decisionkit" / "scenario_data").rglob("*")
                     if p.is_file())
+
+
+def core_packages(wheel: Path, into: Path) -> list[str]:
+    """Link into ``into`` every file of the distributions the core wheel needs (its ``Requires-Dist`` without extras,
+    and theirs, as installed in this venv) and of the offline backbones; returns the distributions' names."""
+    import importlib.metadata as md
+    from email.parser import Parser
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    with zipfile.ZipFile(wheel) as z:
+        [meta] = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist")
+    backbones = [line.split("==")[0] for line in (ROOT / "requirements" / "backbone.txt").read_text().splitlines()
+                 if line and not line.startswith("#")]
+    dists, todo = {}, [(r, True) for r in requires] + [(b, False) for b in backbones]  # backbones: --no-deps
+    while todo:
+        text, follow = todo.pop()
+        req = Requirement(text)
+        if (req.marker and not req.marker.evaluate({"extra": ""})) or canonicalize_name(req.name) in dists:
+            continue
+        dist = dists[canonicalize_name(req.name)] = md.distribution(req.name)
+        todo += [(r, True) for r in dist.requires or []] if follow else []
+    into.mkdir(parents=True)
+    for dist in dists.values():
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            source = Path(dist.locate_file(top))
+            if source.exists() and not (into / top).exists() and source.suffix != ".pth":
+                (into / top).symlink_to(source)
+    return sorted(dists)
 
 
 def _run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
@@ -105,14 +137,16 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     # No pip in the fresh venv: this venv's pip installs into it (--python), which saves seeding one (~10 s).
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, os.environ.copy(), 120)
     python = venv / "bin" / "python"
-    # Dependencies through a .pth line, not `pip install <wheel> -c requirements/constraints.txt`: measured here
-    # (2026-12-01, 2 shared cores, every package from the local index), the Makefile's order (torch 2.13.0 from the
-    # local wheel 52 s, then the wheel with the pinned packages 141 s, then requirements/backbone.txt with --no-deps
-    # --require-hashes 17 s) took 215 s and 2.1 GB: the whole test's budget before it trains anything. The wheel
-    # itself still goes through pip (--no-deps), console script included.
+    # The core's packages through a .pth line, not `pip install <wheel> -c requirements/constraints.txt`: measured
+    # here (2026-12-01, 2 shared cores, every package from the local index), the Makefile's order (torch 2.13.0 from
+    # the local wheel 52 s, then the wheel with the pinned packages 141 s, then requirements/backbone.txt with
+    # --no-deps --require-hashes 17 s) took 215 s and 2.1 GB: the whole test's budget before it trains anything.
+    # The wheel itself still goes through pip (--no-deps), console script included.
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    (site / "decisionkit-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    packages = core_packages(wheel, tmp_path / "core-packages")
+    assert "torch" in packages and not {"fastapi", "litserve", "plotly", "peft", "datasets"} & set(packages)
+    (site / "decisionkit-test-deps.pth").write_text(str(tmp_path / "core-packages") + "\n")
     _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index",
           str(wheel)], tmp_path, os.environ.copy(), 300)
 
@@ -148,4 +182,15 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     assert checked["off_domain_files"] == ["near_domain.jsonl", "off_domain.jsonl"]
     assert checked["questions"] == ["contains_pii", "language", "priority", "sentiment", "team"]
     assert checked["team"] == "billing"  # "my credit card was charged twice, refund today"
-    print(f"wheel install, train and answer: {time.perf_counter() - started:.0f} s")
+
+    # without the extras: `--help` answers with no torch imported, and what needs an extra names it
+    imported = _run([str(python), "-X", "importtime", "-m", "decisionkit", "--help"], work, env, 60).stderr
+    heavy = {line.rsplit("|", 1)[-1].strip() for line in imported.splitlines()} & {"torch", "pandas", "safetensors"}
+    assert not heavy, f"decisionkit --help imported {heavy}"
+    served = subprocess.run([str(venv / "bin" / "decisionkit"), "serve", "runs/tickets"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2 and "pip install 'decisionkit[serve]'" in served.stderr, served.stderr
+    plots = subprocess.run([str(python), "-c", "import decisionkit; decisionkit.plots"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert plots.returncode == 1 and "pip install 'decisionkit[course]'" in plots.stderr, plots.stderr
+    print(f"core wheel install, train and answer: {time.perf_counter() - started:.0f} s")

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..core import settings
+from ..core.extras import needs_extra
 from .questions import QUESTION_TYPES, DataError, Question
 
 HUB_ID = "LocalLLaMA/typed-decisions"  # the public benchmark on the Hugging Face hub
@@ -265,7 +266,8 @@ def dev_slice(train: Split, per_workflow: int | dict[str, int] = DEV_PER_WORKFLO
 
 
 def _read_hub(upstream_split: str) -> tuple[list[Case], str]:
-    from datasets import load_dataset  # imported here: only the online path needs it
+    with needs_extra("typed-decisions from the hub"):  # imported here: only the online path needs it
+        from datasets import load_dataset
 
     rows = load_dataset(HUB_ID, HUB_CONFIG, split=upstream_split)
     where = f"hub:{HUB_ID}/{upstream_split}"

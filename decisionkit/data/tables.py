@@ -19,6 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import pandas as pd
 
+from ..core.extras import require
 from .cases import jsonl_rows
 from .labels import read_json_file
 from .questions import DataError
@@ -61,6 +62,7 @@ def _frame_rows(frame: pd.DataFrame, name: str) -> Iterator[tuple[str, dict]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
+    require("pyarrow", "reading parquet")
     try:
         frame = pd.read_parquet(path)
     except Exception as err:  # pyarrow raises several kinds for a file that is not parquet

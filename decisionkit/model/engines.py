@@ -22,6 +22,8 @@ from unittest import mock
 
 import torch
 
+from ..core.extras import needs_extra, require
+
 # On a bf16 CPU, bitsandbytes tries an optional hub kernel when it is imported (by transformers' 4-bit loading, and
 # by peft when it adds LoRA adapters) and warns on stderr when the `kernels` package is absent; offline it cannot be
 # fetched anyway, and bitsandbytes' own CPU kernels answer.
@@ -82,6 +84,8 @@ def load_transformers(resolved, quant, device: str, trust_remote_code: bool, kin
     if quant is not None:
         from transformers import BitsAndBytesConfig
 
+        require("bitsandbytes", "4-bit weights")
+
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True,
             bnb_4bit_quant_type=quant.quant_type,
@@ -113,7 +117,8 @@ def add_lora(backbone, lora):
             random_state=lora.seed, layers_to_transform=lora.layers(backbone.num_layers),
         )
     else:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        with needs_extra("LoRA adapters"):
+            from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
         model = backbone.model
         if backbone.quantize is not None:
