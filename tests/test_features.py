@@ -18,22 +18,22 @@ def test_default_layers():
     assert default_layers(2) == (1, 2)
 
 
-def test_features_match_a_direct_forward_and_are_cached(backbone, small, tmp_path):
-    first = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=8, cache_dir=tmp_path)
+def test_features_match_a_direct_forward_and_are_cached(tiny_backbone, small, tmp_path):
+    first = extract_features(tiny_backbone, small, layers=(2, 4), max_length=128, max_windows=8, cache_dir=tmp_path)
     assert not first.from_cache and first.ids == small.ids and first.seconds_per_case > 0
-    assert first.get("mean", 15).shape == (len(small), 576)
-    enc = encode(backbone, [small[1].text], max_length=128, max_windows=8)  # every window of it
-    np.testing.assert_allclose(first.get("last")[1], pool_all(enc.hidden[30], enc.attention_mask, enc.owner)["last"][0],
+    assert first.get("mean", 2).shape == (len(small), 64)
+    enc = encode(tiny_backbone, [small[1].text], max_length=128, max_windows=8)  # every window of it
+    np.testing.assert_allclose(first.get("last")[1], pool_all(enc.hidden[4], enc.attention_mask, enc.owner)["last"][0],
                                rtol=1e-4, atol=1e-4)
-    again = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=8, cache_dir=tmp_path)
+    again = extract_features(tiny_backbone, small, layers=(2, 4), max_length=128, max_windows=8, cache_dir=tmp_path)
     assert again.from_cache and again.seconds_per_case == first.seconds_per_case
     for key, array in first.arrays.items():
         np.testing.assert_array_equal(again.arrays[key], array)
     assert again.windows.tolist() == first.windows.tolist() and again.cut == first.cut == 0
     # Another window length is another cache entry; so is another cap on windows (cutting the longer texts).
-    other = extract_features(backbone, small, layers=(15, 30), max_length=64, max_windows=8, cache_dir=tmp_path)
+    other = extract_features(tiny_backbone, small, layers=(2, 4), max_length=64, max_windows=8, cache_dir=tmp_path)
     assert not other.from_cache
-    capped = extract_features(backbone, small, layers=(15, 30), max_length=128, max_windows=1, cache_dir=tmp_path)
+    capped = extract_features(tiny_backbone, small, layers=(2, 4), max_length=128, max_windows=1, cache_dir=tmp_path)
     assert not capped.from_cache and capped.cut == int((first.windows > 1).sum()) > 0
     assert len(list((tmp_path / "features").glob("*.safetensors"))) == 3
 
@@ -66,15 +66,15 @@ def test_texts_cached_in_other_lists_are_read_back_and_only_new_texts_are_extrac
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_batching_does_not_change_features(backbone, small, dtype, monkeypatch):
+def test_batching_does_not_change_features(tiny_backbone, small, dtype, monkeypatch):
     """float32: padding only reorders sums. bfloat16: the kernels depend on the batch's shape (on AMX, elements moved
     by 0.2 standard deviations), so only the vector as a whole is held: within 2% of its length (bfloat16 keeps 8 bits
     of mantissa, a rounding of 0.4% per operation). What answers guarantee is tested in test_numerics.py."""
-    monkeypatch.setattr(backbone, "precision", Precision("cpu", dtype, "test"))
-    # one window a case (each cut at 96 tokens): bfloat16 without its own instructions is slow, and windows are
-    # tested on the tiny backbone (test_model.py)
-    one = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=1, cache=False)
-    two = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=2, cache=False)
+    monkeypatch.setattr(tiny_backbone, "precision", Precision("cpu", dtype, "test"))
+    # The tiny random Llama (mechanics: the same kernels at a hundredth of the cost; bfloat16 without its own
+    # instructions is slow), one window a case, each cut at 96 tokens; windows are tested in test_model.py
+    one = extract_features(tiny_backbone, small, layers=(4,), max_length=96, max_windows=1, batch_size=1, cache=False)
+    two = extract_features(tiny_backbone, small, layers=(4,), max_length=96, max_windows=1, batch_size=2, cache=False)
     for key in one.arrays:
         if dtype == "float32":
             np.testing.assert_allclose(one.arrays[key], two.arrays[key], rtol=1e-4, atol=1e-4)
@@ -83,17 +83,17 @@ def test_batching_does_not_change_features(backbone, small, dtype, monkeypatch):
             assert moved.max() < 0.02, (key, moved)
 
 
-def test_extraction_casts_the_weights_once_and_gives_autocasts_features_to_the_last_bit(backbone, small,
+def test_extraction_casts_the_weights_once_and_gives_autocasts_features_to_the_last_bit(tiny_backbone, small,
                                                                                          monkeypatch):
     """Under bfloat16 an extraction casts the frozen weights once for all its cases; each case's features equal its
     own forward pass under autocast alone, bit for bit, and the float32 weights are back afterwards."""
-    monkeypatch.setattr(backbone, "precision", Precision("cpu", "bfloat16", "test"))
-    features = extract_features(backbone, small, layers=(30,), max_length=96, max_windows=1, batch_size=1,
+    monkeypatch.setattr(tiny_backbone, "precision", Precision("cpu", "bfloat16", "test"))
+    features = extract_features(tiny_backbone, small, layers=(4,), max_length=96, max_windows=1, batch_size=1,
                                 cache=False)  # one window a case (cut at 96 tokens), as encode reads by default
-    assert all(p.dtype == torch.float32 for p in backbone.model.parameters())
+    assert all(p.dtype == torch.float32 for p in tiny_backbone.model.parameters())
     for i, case in enumerate(small):
-        enc = encode(backbone, [case.text], max_length=96)  # autocast alone: weights cast at every call
-        np.testing.assert_array_equal(features.get("mean", 30)[i], pool(enc.hidden[30], enc.attention_mask, "mean")[0].numpy())
+        enc = encode(tiny_backbone, [case.text], max_length=96)  # autocast alone: weights cast at every call
+        np.testing.assert_array_equal(features.get("mean", 4)[i], pool(enc.hidden[4], enc.attention_mask, "mean")[0].numpy())
 
 
 def test_bad_layer_and_pooling_are_named(backbone, small):
@@ -147,3 +147,51 @@ def test_a_long_text_is_read_in_windows_up_to_the_cap(tiny_backbone, splits):
     real = torch.cat([enc.hidden[2][w][enc.attention_mask[w].bool()] for w in range(len(enc.owner))])
     np.testing.assert_allclose(wide.tokens[2].get(case.id), real.numpy(), rtol=1e-2, atol=1e-2)  # float16
     np.testing.assert_allclose(wide.get("mean", 2)[0], real.mean(0).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_interrupted_extraction_keeps_its_rows_and_a_rerun_extracts_only_the_rest(tiny_backbone, splits,
+                                                                                      tmp_path, monkeypatch):
+    """Rows are saved as partial entries while extracting (here after every batch) and on the way out of an
+    interruption; a re-run reads them and runs the backbone on the other texts alone, with the features of a run
+    never interrupted. Once the list's entry is whole its partial entries are gone."""
+    from decisionkit.model import feature_cache
+    from decisionkit.model import features as module
+
+    monkeypatch.setattr(tiny_backbone, "precision", Precision("cpu", "float32", "test"))
+    cases = splits["validation"].head(2)  # 8 cases
+    kwargs = dict(layers=(2, 4), max_length=64, batch_size=1)
+    whole = extract_features(tiny_backbone, cases, cache=False, **kwargs)
+    encoded, stop, real = [], [3], module.encode
+
+    def interrupted(backbone, texts, *args, **more):  # Ctrl-C once `stop` batches have gone through
+        if len(encoded) == stop[0]:
+            raise KeyboardInterrupt
+        encoded.append(texts)
+        return real(backbone, texts, *args, **more)
+
+    def parts():
+        return sorted((tmp_path / "features").glob("*.part-*.safetensors"))
+
+    monkeypatch.setattr(module, "encode", interrupted)
+    monkeypatch.setattr(feature_cache, "PARTIAL_SECONDS", 0.0)
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(tiny_backbone, cases, cache_dir=tmp_path, **kwargs)
+    assert len(parts()) == 3  # one a batch, as it went
+    monkeypatch.setattr(feature_cache, "PARTIAL_SECONDS", 30.0)
+    stop[0] = 5
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(tiny_backbone, cases, cache_dir=tmp_path, **kwargs)
+    assert len(parts()) == 4  # the two batches since, saved on the way out
+    first = [t for batch in encoded for t in batch]
+    assert len(first) == len(set(first)) == 5  # no text read twice
+    stop[0] = None
+    encoded.clear()
+    resumed = extract_features(tiny_backbone, cases, cache_dir=tmp_path, **kwargs)
+    assert sorted(t for batch in encoded for t in batch) == sorted(set(cases.texts) - set(first))
+    assert not resumed.from_cache and resumed.windows.tolist() == whole.windows.tolist()
+    assert resumed.arrays.keys() == whole.arrays.keys()
+    for key, array in whole.arrays.items():
+        np.testing.assert_array_equal(resumed.arrays[key], array)
+    assert parts() == [] and len(list((tmp_path / "features").glob("*.safetensors"))) == 1
+    encoded.clear()
+    assert extract_features(tiny_backbone, cases, cache_dir=tmp_path, **kwargs).from_cache and encoded == []

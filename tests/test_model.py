@@ -188,7 +188,7 @@ def test_saved_quantization_settings_come_back(model, tmp_path, monkeypatch):
     path = model.save(tmp_path / "q")
     asked = {}
 
-    def spy(name, quantize=None, device=None):  # records what load asks for, then loads the plain backbone
+    def spy(name, quantize=None, device=None, **how):  # records what load asks for, then loads the plain backbone
         asked["quantize"] = quantize
         return model.backbone
 

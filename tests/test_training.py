@@ -186,8 +186,10 @@ def test_qlora_mode_trains_adapters_on_a_4bit_backbone_and_reloads(tmp_path, mon
     answered = {}  # folder -> what the model in training answered when it was last saved there
     real_save = DecisionModel.save
 
-    def save(self, path):
-        answered[Path(path)] = self.decide(case.state, workflow=case.workflow)
+    def save(self, path):  # a checkpoint's model is saved in a scratch folder (.checkpoint-*), then swapped in whole
+        path = Path(path)
+        answered[path.with_name(CHECKPOINT_DIR) if path.name.startswith(f".{CHECKPOINT_DIR}-") else path] = \
+            self.decide(case.state, workflow=case.workflow)
         return real_save(self, path)
 
     out = tmp_path / "qlora"

@@ -7,7 +7,12 @@ one small matrix product in both dtypes (about 0.1 s, once per process). ``DECIS
 ``bfloat16`` or ``auto``) overrides the choice. Every timing and training record carries ``Precision.describe()``.
 
 Autocast runs the matrix products in bfloat16 and keeps the weights, the optimizer and the heads in float32, so a
-model trained under one dtype loads and answers under the other.
+model trained under one dtype loads and answers under the other. It loads under its own, though (``as_saved``): a
+saved model records the dtype it was trained under, since a probe on a busy machine can land on either side of
+``MIN_SPEEDUP`` and the answers then move within the tolerance below. ``DECISIONKIT_DTYPE`` still wins. A model saved
+under bfloat16, loaded where there are no bfloat16 instructions (a CPU without them, a GPU without bfloat16), runs
+in float32: bfloat16 emulated there ran several times slower, and float32 is the more exact of the two, its answers
+within bfloat16's tolerance of the saved model's (as a bfloat16 answer in another batch is).
 
 What each dtype guarantees (``ANSWER_TOLERANCE``): the same state answered alone (``decide``), in a batch
 (``decide_many``) or through the server (which batches) gives every probability, ``confidence`` and ``noul`` within
@@ -146,13 +151,43 @@ def matmul_seconds(dtype: torch.dtype, size: int = PROBE_SIZE, repeats: int = 5)
     return times[len(times) // 2]
 
 
+def _asked() -> str:
+    """What ``DECISIONKIT_DTYPE`` asks for: auto, float32 or bfloat16."""
+    asked = os.environ.get(DTYPE_ENV, "auto").strip().lower() or "auto"
+    if asked not in ("auto", *ANSWER_TOLERANCE):
+        raise ValueError(f"{DTYPE_ENV} is {asked!r}; expected auto, float32 or bfloat16")
+    return asked
+
+
+def has_bfloat16(device: str) -> bool:
+    """Whether ``device`` runs bfloat16 in its own instructions (a CPU through oneDNN, a GPU natively)."""
+    if device == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def as_saved(device: str, saved: str | None) -> Precision:
+    """The compute dtype for a model saved under ``saved`` (None: saved before models kept it, so ``choose``): the
+    override in ``DECISIONKIT_DTYPE``, else ``saved``, unless that is bfloat16 and ``device`` has no bfloat16
+    instructions, where float32 runs (see above). No probe: a model answers alike on every start."""
+    asked = _asked()
+    if asked != "auto":
+        return Precision(device, asked, f"set by {DTYPE_ENV}")
+    if saved is None:
+        return choose(device)
+    if saved not in ANSWER_TOLERANCE:
+        raise ValueError(f"the model was saved under compute dtype {saved!r}; expected float32 or bfloat16")
+    if saved == "bfloat16" and not has_bfloat16(device):
+        return Precision(device, "float32", f"saved under bfloat16, which {device} runs without its own "
+                                            "instructions (slowly): float32, within bfloat16's tolerance")
+    return Precision(device, saved, "the dtype the model was saved under")
+
+
 @functools.lru_cache(maxsize=None)
 def choose(device: str = "cpu") -> Precision:
     """The compute dtype for ``device``: the override in ``DECISIONKIT_DTYPE``, else measured (CPU) or the
     GPU's bfloat16 support."""
-    asked = os.environ.get(DTYPE_ENV, "auto").strip().lower() or "auto"
-    if asked not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"{DTYPE_ENV} is {asked!r}; expected auto, float32 or bfloat16")
+    asked = _asked()
     if asked != "auto":
         return Precision(device, asked, f"set by {DTYPE_ENV}")
     if device == "cuda":

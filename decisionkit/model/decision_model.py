@@ -294,12 +294,16 @@ class DecisionModel(nn.Module):
 
 
 def load(path: str | Path, backbone: str | Path | None = None, device: str | None = None) -> DecisionModel:
-    """Open a saved decision model. ``backbone`` overrides where the weights are found (a local folder, say);
-    the weights must still be the ones the model was trained on."""
+    """Open a saved decision model as it was trained: the backbone at its saved revision, computing in the saved
+    dtype (``DECISIONKIT_DTYPE`` still wins: ``precision.as_saved``). ``backbone`` overrides where the weights are
+    found (a local folder, say; the saved revision is then not asked for); the weights must still be the ones the
+    model was trained on."""
     path = Path(path)
     saved = saving.ModelConfig.read(path)
-    where, quantize = saving.saved_backbone(path, saved)
-    base = load_backbone(backbone or where, quantize=quantize, device=device)
+    where, how = saving.saved_backbone(path, saved)
+    if backbone is not None and str(backbone) != str(where):
+        how.pop("revision", None)
+    base = load_backbone(backbone or where, device=device, **how)
     saving.check_backbone(base, path, saved)
     model = DecisionModel(base, saving.schema_from_json(saved.schema), FeatureSpec.from_json(saved.features))
     saving.restore(model, path, saved)

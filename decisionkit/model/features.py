@@ -11,7 +11,9 @@ cut. The on-disk cache (``feature_cache.py``) is keyed by the backbone's weights
 rendering version), the window length, the cap on windows and the layers, so a change to any of them extracts again
 instead of reusing stale vectors. A list of cases whose texts were extracted before as part of other lists (a model's train pool, then its train and dev
 slices; the first 10 cases of each workflow, then the first 5) reads their rows from those files, and extracts only
-the texts never seen: one forward pass per text, whatever list it comes in.
+the texts never seen: one forward pass per text, whatever list it comes in. An extraction saves the rows it made as
+it goes (``feature_cache.Entry``), so one interrupted, or killed, loses at most the last ``PARTIAL_SECONDS``: run
+again, it extracts only the rest.
 
 The same pass can keep one layer's states at every real token (``token_layers``: ``TokenStates``, float16, cached
 beside the pooled vectors under the same key plus the layer): what a token head (``token_head.py``) reads.
@@ -38,7 +40,7 @@ from tqdm.auto import tqdm
 from ..core import settings
 from ..data.cases import Split
 from .backbone import Backbone
-from .feature_cache import cache_key, cached_rows, metadata, save_atomic, text_hashes
+from .feature_cache import Entry, cache_key, cached_rows, metadata, save_atomic, text_hashes
 from .heads import targets
 from .pooling import POOLINGS, last_token_index, pool_all
 from .windows import DEFAULT_MAX_LENGTH, DEFAULT_MAX_WINDOWS, tokenize, window_batches, window_lengths
@@ -238,7 +240,7 @@ def extract_features(
     texts = cases.texts
     hashes = text_hashes(texts)
     cache = cache and backbone.frozen
-    path, token_paths, found = None, {}, {}
+    entry, token_paths, pooled, known, seconds = None, {}, {}, {}, None
     if cache:
         root = Path(cache_dir) if cache_dir is not None else settings.cache_dir()
         family = cache_key(backbone, (), max_length, layers, max_windows)[:12]
@@ -251,57 +253,54 @@ def extract_features(
             features = _load(path)
             features.tokens = {layer: _load_tokens(p) for layer, p in token_paths.items()}
             return features
+        entry = Entry(path, cases.ids, hashes, layers, max_windows, partial=not token_layers)
         if not token_layers:  # token states need the forward pass anyway
-            found = cached_rows(path.parent, family, hashes)
-    missing = [i for i, h in enumerate(hashes) if h not in found]
+            pooled, known, seconds = cached_rows(path.parent, family, hashes)  # rows extracted before, read back
+    missing = [i for i in range(len(texts)) if i not in known]
     batch_size = batch_size or (16 if backbone.device == "cuda" else 1)
     needed = np.zeros(len(texts), dtype=np.int64)  # windows each text needs, before the cap
+    needed[list(known)] = list(known.values())
     read = np.zeros(0, dtype=np.int64)  # tokens read of each missing text
     if missing:
         read, needed[missing] = window_lengths(backbone, [texts[i] for i in missing], max_length, max_windows)
     # similar lengths share a batch: less padding
     order = np.array(missing)[np.argsort(read, kind="stable")].astype(int)
-    pooled: dict[str, np.ndarray] = {}
     tokens: dict[int, list] = {layer: [None] * len(texts) for layer in token_layers}
     start = time.perf_counter()
     groups = window_batches([min(int(needed[i]), max_windows) for i in order], batch_size)
     bar = tqdm(groups, desc=f"features {cases.name}", unit="batch", disable=not progress or settings.progress_hidden())
-    for group in bar:
-        rows = order[group]
-        enc = encode(backbone, [texts[i] for i in rows], max_length, max_windows=max_windows)
-        for layer in layers:
-            for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask, enc.owner).items():
-                key = f"{method}@{layer}"
-                if key not in pooled:
-                    pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
-                pooled[key][rows] = vectors.cpu().numpy()
-        real, owner = enc.attention_mask.bool().cpu(), enc.owner.cpu()
-        for layer in token_layers:
-            states = enc.hidden[layer].cpu()
-            for j, i in enumerate(rows):  # its windows' real tokens, one window after the other
-                mine = (owner == j).nonzero().flatten().tolist()
-                tokens[layer][i] = torch.cat([states[w][real[w]] for w in mine]).numpy().astype(np.float16)
-    seconds = (time.perf_counter() - start) / max(len(missing), 1)
-    for source in sorted({source for source, _ in found.values()}):  # the rows extracted before, read back
-        saved = load_file(str(source))
-        seen = [(i, found[h][1]) for i, h in enumerate(hashes) if h in found and found[h][0] == source]
-        for key, array in saved.items():
-            pooled.setdefault(key, np.zeros((len(texts), array.shape[1]), dtype=np.float32))[
-                [i for i, _ in seen]] = array[[row for _, row in seen]]
-        saved_windows = json.loads(metadata(source)["windows"])
-        needed[[i for i, _ in seen]] = [saved_windows[row] for _, row in seen]
-        if not missing:
-            seconds = float(metadata(source)["seconds_per_case"])
+    try:
+        for group in bar:
+            rows = order[group]
+            enc = encode(backbone, [texts[i] for i in rows], max_length, max_windows=max_windows)
+            for layer in layers:
+                for method, vectors in pool_all(enc.hidden[layer], enc.attention_mask, enc.owner).items():
+                    key = f"{method}@{layer}"
+                    if key not in pooled:
+                        pooled[key] = np.zeros((len(texts), vectors.shape[1]), dtype=np.float32)
+                    pooled[key][rows] = vectors.cpu().numpy()
+            real, owner = enc.attention_mask.bool().cpu(), enc.owner.cpu()
+            for layer in token_layers:
+                states = enc.hidden[layer].cpu()
+                for j, i in enumerate(rows):  # its windows' real tokens, one window after the other
+                    mine = (owner == j).nonzero().flatten().tolist()
+                    tokens[layer][i] = torch.cat([states[w][real[w]] for w in mine]).numpy().astype(np.float16)
+            if entry is not None:
+                entry.add(rows, pooled, needed)
+    except BaseException:  # an interruption keeps the rows made (a re-run reads them)
+        if entry is not None:
+            entry.save_partial(pooled, needed)
+        raise
+    if missing or seconds is None:
+        seconds = (time.perf_counter() - start) / max(len(missing), 1)
     features = Features(cases.ids, layers, pooled, seconds, from_cache=not missing,
                         tokens={layer: TokenStates.from_rows(cases.ids, layer, rows) for layer, rows in tokens.items()},
                         windows=needed, max_windows=max_windows)
-    if path is not None:
-        save_atomic(path, pooled, {"ids": json.dumps(cases.ids), "layers": json.dumps(list(layers)),
-                                    "texts": json.dumps(hashes), "seconds_per_case": repr(seconds),
-                                    "windows": json.dumps(needed.tolist()), "max_windows": str(max_windows)})
+    if entry is not None:
+        entry.finish(pooled, needed, seconds)
         for layer, states in features.tokens.items():
             save_atomic(token_paths[layer], {"states": states.states, "offsets": states.offsets},
-                         {"ids": json.dumps(cases.ids), "layer": str(layer)})
+                        {"ids": json.dumps(cases.ids), "layer": str(layer)})
     return features
 
 

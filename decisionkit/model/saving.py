@@ -13,15 +13,16 @@ the rows per split and workflow, the schema, how the splits were made) and ``tes
 ``decisionkit evaluate DIR`` scores them wherever the source went; ``held_out_rows``). ``recorded_split`` reads
 another split back from the recorded source, refusing rows that changed since.
 
-``model.load(path)`` opens a saved model: ``ModelConfig.read`` checks the folder's format and rendering version,
-``saved_backbone`` says which backbone to load, ``check_backbone`` refuses weights other than the trained ones, and
-``restore`` puts the saved state into the new model.
+``model.load(path)`` opens a saved model as it was trained: ``ModelConfig.read`` checks the folder's format and
+rendering version, ``saved_backbone`` says which backbone to load and how (its revision, 4-bit settings and compute
+dtype), ``check_backbone`` refuses weights other than the trained ones, and ``restore`` puts the saved state into
+the new model (a LoRA model's adapter weights too: a folder without them is refused, not answered by untrained
+adapters).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .._version import __version__
-from ..core.atomic import atomic_folder, write_text
+from ..core.atomic import atomic_folder, link_or_copy, write_text
 from ..data.cases import RENDER_VERSION, Case, Split, jsonl_rows
 from ..data.decisions import Decisions, load_decisions
 from ..data.questions import Question
@@ -46,6 +47,7 @@ from .structured import StructuredPart
 CONFIG_FILE = "decisionkit.json"
 HEADS_FILE = "heads.safetensors"
 ADAPTER_DIR = "adapter"
+ADAPTER_FILE = "adapter_model.safetensors"  # in ADAPTER_DIR: the trained LoRA weights (peft's name)
 BACKBONE_DIR = "backbone"  # a fully fine-tuned backbone, saved whole
 MODEL_ITEMS = {CONFIG_FILE, HEADS_FILE, ADAPTER_DIR, BACKBONE_DIR}  # what a save writes; the rest of the folder stays
 FORMAT_VERSION = 1  # bump when the saved layout changes
@@ -72,7 +74,9 @@ class ModelConfig:
     """What ``decisionkit.json`` holds: every part of a model but its tensors, one field per part (the parts' own
     settings as their ``config()`` / ``to_json()`` write them)."""
 
-    backbone: dict  # name, weights_sha256, quantize, lora, tuned (and tuned_sha256: the tuned weights in backbone/)
+    # name, weights_sha256, quantize, lora, tuned (and tuned_sha256: the tuned weights in backbone/); revision and
+    # compute_dtype since they are kept (``saved_backbone``: a folder saved before has neither)
+    backbone: dict
     features: dict  # FeatureSpec
     schema: dict  # workflow -> question id -> question
     temperatures: dict[str, float]  # per question type, for the probabilities
@@ -88,7 +92,9 @@ class ModelConfig:
     def of(cls, model) -> ModelConfig:
         backbone = model.backbone
         return cls(
-            backbone={**(model.base or {"name": backbone.name, "weights_sha256": backbone.checksum}),
+            backbone={**(model.base or {"name": backbone.name, "weights_sha256": backbone.checksum,
+                                        "revision": backbone.resolved.revision}),
+                      "compute_dtype": backbone.precision.dtype,
                       "quantize": asdict(backbone.quantize) if backbone.quantize else None,
                       "lora": asdict(backbone.lora) if backbone.lora else None, "tuned": model.tuned},
             features=model.spec.to_json(), schema=_schema_to_json(model.schema),
@@ -147,38 +153,48 @@ def save(model, path: str | Path) -> Path:
 def _carry_over(previous: Path, new: Path) -> None:
     """Hard-link into ``new`` whatever ``previous`` holds besides a model (training history, reports, a checkpoint):
     saving a model again must not delete the rest of its folder. Links cost no copy and leave ``previous`` whole
-    until the swap."""
+    until the swap; a filesystem without them gets copies (``link_or_copy``)."""
     for item in previous.iterdir():
         if item.name in MODEL_ITEMS:
             continue
         if item.is_dir():
-            shutil.copytree(item, new / item.name, copy_function=os.link)
+            shutil.copytree(item, new / item.name, copy_function=link_or_copy)
         else:
-            os.link(item, new / item.name)
+            link_or_copy(item, new / item.name)
 
 
 def load_trained(model, path: str | Path) -> dict:
-    """Load the heads, the feature standardization and (when saved) the adapter weights of a saved folder into
-    ``model``; the tensors of ``heads.safetensors`` are returned (a hybrid's trees and a router are in them too)."""
+    """Load the heads, the feature standardization and, for a LoRA model, the adapter weights of a saved folder into
+    ``model``; the tensors of ``heads.safetensors`` are returned (a hybrid's trees and a router are in them too).
+    A LoRA model's folder without its adapter weights is refused: its adapters would answer untrained."""
     path = Path(path)
     tensors = load_file(str(path / HEADS_FILE))
     model.heads.load_state_dict({k[len("heads."):]: v for k, v in tensors.items() if k.startswith("heads.")})
     model.feature_mean.copy_(tensors["feature_mean"])
     model.feature_std.copy_(tensors["feature_std"])
-    adapter = path / ADAPTER_DIR / "adapter_model.safetensors"
-    if model.backbone.lora is not None and adapter.is_file():
+    adapter = path / ADAPTER_DIR / ADAPTER_FILE
+    if model.backbone.lora is not None:
+        if not adapter.is_file():
+            raise FileNotFoundError(f"{adapter} not found: the model at {path} has LoRA adapters, and without their "
+                                    "trained weights it would answer with untrained ones; save the model again")
         from peft import set_peft_model_state_dict
 
         set_peft_model_state_dict(model.encoder, load_file(str(adapter)))
     return tensors
 
 
-def saved_backbone(path: Path, saved: ModelConfig) -> tuple[str | Path, QuantSettings | None]:
+def saved_backbone(path: Path, saved: ModelConfig) -> tuple[str | Path, dict]:
     """Where the backbone of the model saved in ``path`` is (its own ``backbone/`` when every weight was tuned, else
-    the name it was trained on), and its 4-bit settings as trained (not the defaults)."""
+    the name it was trained on) and how to load it as trained (``load_backbone``'s keywords): its 4-bit settings
+    (not the defaults), its revision (the hub commit or the wheel it came from; a folder has none, its checksum pins
+    it) and the compute dtype it was saved under (``precision.as_saved``). A folder saved before these two were kept
+    loads as it did then: the hub's current revision, the dtype this machine picks."""
     backbone = saved.backbone
-    quantize = QuantSettings(**backbone["quantize"]) if backbone["quantize"] else None
-    return (path / BACKBONE_DIR if backbone["tuned"] else backbone["name"]), quantize
+    how = {"quantize": QuantSettings(**backbone["quantize"]) if backbone["quantize"] else None,
+           "compute_dtype": backbone.get("compute_dtype")}
+    if backbone["tuned"]:
+        return path / BACKBONE_DIR, how
+    return backbone["name"], {**how, "revision": backbone.get("revision")}
 
 
 def check_backbone(base, path: Path, saved: ModelConfig) -> None:
@@ -196,7 +212,8 @@ def restore(model, path: Path, saved: ModelConfig) -> None:
     backbone = saved.backbone
     model.tuned = backbone["tuned"]
     if model.tuned:
-        model.base = {"name": backbone["name"], "weights_sha256": backbone["weights_sha256"]}
+        model.base = {"name": backbone["name"], "weights_sha256": backbone["weights_sha256"],
+                      "revision": backbone.get("revision")}
     lora = backbone["lora"]
     if lora is not None:
         model.attach_lora(LoraSettings(**{**lora, "target_modules": tuple(lora["target_modules"])}))

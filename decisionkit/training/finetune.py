@@ -12,16 +12,20 @@ Each choice below (the measurements behind them: ``benchmarks/results/choices.md
 - The backbone and the heads have their own learning rates (the heads can be frozen), with warm-up and cosine
   decay; gradients are clipped.
 - The dev slice is scored every ``eval_every`` steps and the best step is what is saved: training loss keeps
-  falling after held-out loss turns. A checkpoint (safetensors + JSON) at each evaluation lets a run resume.
+  falling after held-out loss turns. A checkpoint at each evaluation lets a run resume: the model, the optimizer
+  and random state (safetensors) and the trainer state (JSON), written whole in a scratch folder and swapped in at
+  once (``atomic.atomic_folder``), so a run killed mid-write resumes from the checkpoint before, never from a mix.
 - The backbone runs in the compute dtype chosen for this machine (``precision.py``).
-
-``accelerate launch -m decisionkit train --preset gpu`` spreads it over several GPUs.
+- One process, on one GPU or the CPU: several (``accelerate launch``, ``torchrun``) are refused at the start
+  (``prepare``). Each would train the whole run on every case and write the same checkpoint; spreading a step's
+  cases over GPUs (DDP) is not built.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from contextlib import nullcontext
 from pathlib import Path
@@ -32,16 +36,17 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from ..core import settings
-from ..core.atomic import write_text
+from ..core.atomic import atomic_folder
 from ..data.cases import Split
 from ..model.decision_model import DecisionModel
 from ..model.heads import decision_loss, targets, weight_norm
-from ..model.saving import BACKBONE_DIR, CHECKPOINT_DIR, load_trained
+from ..model.saving import BACKBONE_DIR, CHECKPOINT_DIR, CONFIG_FILE, load_trained
 from ..model.windows import window_lengths
 from .presets import Preset
 
 TRAINER_TENSORS = "trainer.safetensors"  # in the checkpoint folder: optimizer moments and random state
-TRAINER_STATE = "trainer.json"  # step, history, scheduler; written last: its presence means the checkpoint is whole
+TRAINER_STATE = "trainer.json"  # step, history, scheduler
+CHECKPOINT_FILES = (CONFIG_FILE, TRAINER_TENSORS, TRAINER_STATE)  # what a whole checkpoint holds (and the model's)
 
 
 def mixed_steps(workflows: list[str], lengths: list[int], batch_size: int, micro_batch: int,
@@ -68,24 +73,46 @@ def mixed_steps(workflows: list[str], lengths: list[int], batch_size: int, micro
 
 def _save_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler, state: dict) -> None:
     """The model, the optimizer moments and the random state (safetensors: a resumed run draws the dropout masks the
-    run would have drawn) and the trainer state (JSON, written last)."""
-    core.save(folder)
-    flat, meta = {"rng.cpu": torch.get_rng_state()}, {}
-    if torch.cuda.is_available():
-        flat["rng.cuda"] = torch.cuda.get_rng_state()
-    for index, moments in optimizer.state_dict()["state"].items():
-        for name, value in moments.items():
-            if torch.is_tensor(value):
-                flat[f"{index}.{name}"] = value.detach().cpu().contiguous()
-            else:
-                meta.setdefault(str(index), {})[name] = value
-    save_file(flat, folder / TRAINER_TENSORS)
-    payload = {**state, "optimizer_state": meta, "param_groups": optimizer.state_dict()["param_groups"],
-               "scheduler": scheduler.state_dict()}
-    write_text(folder / TRAINER_STATE, json.dumps(payload, default=float))
+    run would have drawn) and the trainer state (JSON), written into a scratch folder beside ``folder`` that takes its
+    place whole: a kill mid-write leaves the previous checkpoint, never this step's weights with its counters."""
+    with atomic_folder(folder) as scratch:
+        core.save(scratch)
+        flat, meta = {"rng.cpu": torch.get_rng_state()}, {}
+        if torch.cuda.is_available():
+            flat["rng.cuda"] = torch.cuda.get_rng_state()
+        for index, moments in optimizer.state_dict()["state"].items():
+            for name, value in moments.items():
+                if torch.is_tensor(value):
+                    flat[f"{index}.{name}"] = value.detach().cpu().contiguous()
+                else:
+                    meta.setdefault(str(index), {})[name] = value
+        save_file(flat, scratch / TRAINER_TENSORS)
+        payload = {**state, "optimizer_state": meta, "param_groups": optimizer.state_dict()["param_groups"],
+                   "scheduler": scheduler.state_dict()}
+        (scratch / TRAINER_STATE).write_text(json.dumps(payload, default=float))
+
+
+def _clear_interrupted(folder: Path) -> None:
+    """Tidy what a run killed inside ``_save_checkpoint`` left beside the checkpoint ``folder``: its scratch folders
+    (maybe half written: never read) go, and a checkpoint killed between ``publish``'s two renames, whole at
+    ``.NAME.old``, is put back as ``publish`` would (its next save would do it, but resuming reads first)."""
+    for scratch in [*folder.parent.glob(f".{folder.name}-*"), *folder.parent.glob(f"..{folder.name}-*")]:
+        shutil.rmtree(scratch, ignore_errors=True)  # ours, and those of the core.save inside it
+    old = folder.with_name(f".{folder.name}.old")
+    if old.is_dir() and not folder.exists():
+        os.replace(old, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _load_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler) -> dict:
+    """Put the checkpoint in ``folder`` into the model, the optimizer and the scheduler; returns the trainer state.
+    A folder that lacks a part was not written by ``_save_checkpoint`` (or was tampered with): starting over would
+    silently throw away the steps it stands for, so it is refused and the caller decides (``resume=False``)."""
+    missing = [name for name in CHECKPOINT_FILES if not (folder / name).is_file()]
+    if missing:
+        raise RuntimeError(f"the fine-tuning checkpoint {folder} is incomplete (no {', '.join(missing)}): it cannot "
+                           "be resumed. Delete it, or train with resume=False (decisionkit train --restart), to "
+                           "fine-tune from the start")
     load_trained(core, folder)
     if core.tuned:  # a full fine-tune goes on from the checkpoint's backbone, not from the one it started with;
         # not strict: a causal LM's output layer, tied to its embeddings, is not saved apart
@@ -118,11 +145,27 @@ def dev_scores(core: DecisionModel, dev: Split) -> dict:
                                                                      for g in q.values())}
 
 
+def one_process(processes: int) -> None:
+    """Refuse a launch in several processes: each would run the whole training (every case, every step, its own
+    dev scores) and write the same checkpoint and model, several GPUs doing one GPU's work N times over.
+    ``trainer.fit_model`` asks before stage 1 (``WORLD_SIZE``, set by torchrun and accelerate launch), ``prepare``
+    again (the accelerator's count) for fine-tuning called on its own."""
+    if processes > 1:
+        raise RuntimeError(f"training runs in one process; this one was launched in {processes} (accelerate "
+                           "launch or torchrun), and each would train the whole run and write the same files. Run "
+                           "`decisionkit train` (or python) as a single process, on one GPU (CUDA_VISIBLE_DEVICES=0 "
+                           "picks it); to use several GPUs, run different presets or seeds side by side, one GPU and "
+                           "one --out folder each")
+
+
 def prepare(model: DecisionModel, p: Preset):
     """Make the backbone trainable as ``p.mode`` says (every weight, or LoRA adapters), freeze or free the heads, and
-    build the optimizer: the backbone and the heads at their own rates. Returns ``(accelerator, optimizer)``."""
+    build the optimizer: the backbone and the heads at their own rates. Returns ``(accelerator, optimizer)``; a launch
+    in several processes is refused first (``one_process``)."""
     from accelerate import Accelerator
 
+    accelerator = Accelerator(cpu=model.backbone.device == "cpu")
+    one_process(accelerator.num_processes)
     if p.mode == "full":
         model.unfreeze_backbone()
     else:
@@ -130,7 +173,6 @@ def prepare(model: DecisionModel, p: Preset):
     if p.gradient_checkpointing and model.backbone.engine != "unsloth":  # Unsloth's adapters bring their own
         model.backbone.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.heads.requires_grad_(p.finetune_head_lr > 0)
-    accelerator = Accelerator(cpu=model.backbone.device == "cpu")
     backbone_params = [q for q in model.encoder.parameters() if q.requires_grad]
     groups = [{"params": backbone_params, "lr": p.lr, "weight_decay": p.weight_decay}]
     if p.finetune_head_lr > 0:
@@ -187,8 +229,9 @@ def finetune(model: DecisionModel, train_split: Split, dev: Split, p: Preset, ou
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     core = accelerator.unwrap_model(model)
     checkpoint = out / CHECKPOINT_DIR
+    _clear_interrupted(checkpoint)
     step, best_step, stale = 0, 0, 0
-    if resume and (checkpoint / TRAINER_STATE).is_file():
+    if resume and checkpoint.exists():
         state = _load_checkpoint(checkpoint, core, optimizer, scheduler)
         history, best, step, best_step, stale = (state[k] for k in ("history", "best", "step", "best_step", "stale"))
     else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import time
 from collections import Counter
@@ -44,7 +45,7 @@ from ..model.saving import HISTORY_FILE
 from ..model.structured import StructuredPart, mix_weights, mixed
 from ..model.trees import TREE_ROUNDS
 from ..model.windows import over_cap
-from .finetune import cut_lengths, finetune, mixed_steps, optimizer_step, prepare
+from .finetune import cut_lengths, finetune, mixed_steps, one_process, optimizer_step, prepare
 from .presets import Preset, preset
 
 PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
@@ -214,6 +215,7 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
     routed. ``decisionkit.train`` (``pipeline.train``) calls this, then calibrates and routes; a lesson that shows
     those steps itself starts here. A hybrid preset on a workflow whose states are all text fits the heads alone
     (trees read a JSON state's fields), and says so (``extra["trees"]``)."""
+    one_process(int(os.environ.get("WORLD_SIZE", "1")))  # a torchrun / accelerate launch: refused before stage 1
     p = preset(p) if isinstance(p, str) else p
     out = Path(out)
     data = decisions_of(p, data)
