@@ -23,13 +23,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ._version import __version__
-from .contract.systemone import QuestionError
 from .core import settings
 from .core.atomic import write_text
-from .data.cases import DataError, load_typed_decisions
-from .model.backbone import BackboneError
+from .core.extras import MissingExtra, needs_extra
 from .serving.config import Batching, Limits
-from .training.presets import DEFAULT_PRESET, PRESETS, preset
+
+# Parsing the command line imports nothing heavy (no torch, pandas or safetensors: `decisionkit --help` answers at
+# once, and a machine with the core install alone can ask it); each command imports what it runs.
 
 # what `train` can shrink in a preset, and how each option says it
 SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
@@ -44,9 +44,11 @@ def _write_json(path: Path, payload: dict) -> None:
 def run_training(args):
     """The train / demo commands: ``pipeline.train`` with the command's options, printed as it goes."""
     from .training.pipeline import train
+    from .training.presets import DEFAULT_PRESET, preset
     from .training.trainer import decisions_of
 
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
+    args.preset = args.preset or DEFAULT_PRESET
     p = preset(args.preset, **sizes)
     data = decisions_of(p, args.data, getattr(args, "schema", None))  # read and checked before anything trains
     print(f"data: {data.summary()}")
@@ -87,6 +89,7 @@ def cmd_evaluate(args) -> int:
 
 def cmd_pooling(args) -> int:
     from .course.probe import pooling_comparison
+    from .data.cases import load_typed_decisions
     from .model.backbone import load_backbone
 
     backbone = load_backbone(args.backbone)
@@ -127,10 +130,16 @@ def cmd_serve(args) -> int:
 
     from .serving.app import serve
 
-    api_key = args.api_key or settings.api_key()
+    api_key = args.api_key or settings.api_key(args.api_key_file)  # never printed, nor logged
+    if args.api_key:  # kept for scripts that pass it so
+        print("warning: --api-key shows the key in the process list, to every user of this machine; pass it in "
+              f"${settings.API_KEY_ENV} or a file (--api-key-file)", file=sys.stderr, flush=True)
+    elif args.api_key_file and os.name == "posix" and Path(args.api_key_file).expanduser().stat().st_mode & 0o004:
+        print(f"warning: every user of this machine may read {args.api_key_file}; chmod 600 it", file=sys.stderr,
+              flush=True)
     if not api_key and not (args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback):
         print(f"warning: serving on {args.host} without an API key: anyone who reaches the port may call it "
-              f"(--api-key or ${settings.API_KEY_ENV})", file=sys.stderr, flush=True)
+              f"(${settings.API_KEY_ENV} or --api-key-file)", file=sys.stderr, flush=True)
 
     limits = Limits(**{name: getattr(args, name) for name in asdict(Limits())})
     print(f"serving {', '.join(args.runs)} on http://{args.host}:{args.port} (POST /v1/systemone, GET /v1/models, "
@@ -154,9 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
             ("demo", cmd_demo, "the main job: train, calibrate, fit the router, evaluate; runs/demo"),
             ("train", cmd_train, "train on your own decisions (or a preset's dataset), calibrate, route, evaluate")):
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
-                         help=f"what to train (default {DEFAULT_PRESET}: heads on MiniLM-L6 features averaged with "
-                              "trees on a JSON state's fields)")
+        sub.add_argument("--preset", default=None, metavar="NAME",
+                         help="what to train, a name of decisionkit.PRESETS (default: the main job's hybrid, "
+                              "heads on MiniLM-L6 features averaged with trees on a JSON state's fields)")
         if name == "train":
             sub.add_argument("--data", default=None, metavar="PATH",
                              help="your decisions: a .csv, .jsonl, .json or .parquet file, or a folder (schema.json "
@@ -196,8 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("runs", nargs="+", help="folders of saved models; each is served under its folder's name")
     sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sub.add_argument("--port", type=int, default=8000)
-    sub.add_argument("--api-key", default=None, help="ask every request for Authorization: Bearer KEY (default: "
-                     f"${settings.API_KEY_ENV}; unset, none is asked: keep the server on loopback)")
+    keys = sub.add_mutually_exclusive_group()
+    keys.add_argument("--api-key-file", default=None, metavar="PATH",
+                      help="ask every request for Authorization: Bearer KEY, KEY being the first line of PATH "
+                           f"(default: ${settings.API_KEY_ENV}; unset, none is asked: keep the server on loopback)")
+    keys.add_argument("--api-key", default=None, metavar="KEY",
+                      help="the same with KEY itself, which every user of this machine then reads in the process "
+                           "list: kept for compatibility, warned about")
     batching, limits = Batching(), Limits()
     sub.add_argument("--max-batch-size", type=int, default=batching.max_batch_size,
                      help="requests per forward pass (1: no batching)")
@@ -225,10 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "quiet", False):  # every bar, the feature extraction of scoring and routing included
         os.environ["TQDM_DISABLE"] = "1"
     try:
-        return args.handler(args)
-    except (BackboneError, DataError, QuestionError, FileNotFoundError, ValueError) as err:  # no traceback
-        print(f"decisionkit: error: {err}", file=sys.stderr)
+        with needs_extra(f"decisionkit {args.command}"):
+            return args.handler(args)
+    except Exception as err:
+        if not isinstance(err, _user_errors()):
+            raise
+        print(f"decisionkit: error: {err}", file=sys.stderr)  # a user's mistake: the message, no traceback
         return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """What a command reports in one line: bad data, questions or backbones, a missing file or extra. (DataError and
+    QuestionError are ValueErrors.)"""
+    from .model.backbone import BackboneError
+
+    return BackboneError, MissingExtra, FileNotFoundError, ValueError
 
 
 if __name__ == "__main__":

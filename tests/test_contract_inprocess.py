@@ -1,22 +1,29 @@
 """The System One contract in process: the server's FastAPI app without LitServe (``app.contract_app``: the same
 ``install``ed routes, key, limits and errors, the same ``prepare`` / ``respond``), called through
-``httpx.ASGITransport``. What needs no HTTP layer is checked here in seconds: every refusal is a JSON 4xx naming
-the field, the API key's 401s, the course's refusal table, a bug answered as a JSON 500 without its traceback.
-What only a socket shows (malformed framing, slow headers, stalled uploads, batching) stays in test_serve.py."""
+``httpx.ASGITransport``. What needs no HTTP layer is checked here, once, in seconds: every refusal is a JSON 4xx
+naming the field, the API key's 401s, the limits' 503s (``RequestLimits``), the course's refusal table, a bug
+answered as a JSON 500 without its traceback; and ``decisionkit decide``, the same contract on standard input.
+What only a socket or LitServe shows (malformed framing, slow headers, stalled uploads, batching, the official
+client against a live server) stays in test_serve.py, which also checks that the live server refuses as this app
+does."""
 
+import io
 import json
 import math
+from functools import partial
 
 import anyio
 import httpx
 import pytest
+from fastapi import FastAPI
 
+from decisionkit.cli import main
 from decisionkit.contract import systemone
 from decisionkit.core import precision
 from decisionkit.core.precision import ANSWER_TOLERANCE
 from decisionkit.course import serve_lab
 from decisionkit.data import questions
-from decisionkit.serving.app import ENDPOINT, READINESS_PATH, contract_app, zstd
+from decisionkit.serving.app import ENDPOINT, READINESS_PATH, RequestLimits, contract_app, zstd
 from decisionkit.serving.config import Limits
 
 KEY = "test-key-7f3a"
@@ -232,6 +239,70 @@ def test_with_a_key_every_route_asks_for_it_in_json(quick_model, case):
     keyed = {"Authorization": f"Bearer {KEY}"}
     assert [m["name"] for m in call(app, "GET", "/v1/models", headers=keyed).json()["models"]] == [path.name]
     assert_answers_as_decide(call(app, "POST", content=body, headers=keyed), model, case)
+
+
+def test_request_limits_keep_stalled_uploads_off_the_model_and_answer_503_with_retry_after():
+    release, unstall = anyio.Event(), anyio.Event()
+    app = FastAPI()
+
+    @app.post(ENDPOINT)
+    async def slow() -> dict:
+        await release.wait()
+        return {}
+
+    limited = RequestLimits(app, Limits(max_in_flight=2, max_reading=3, retry_after=3))
+
+    async def stalling():  # a body's first byte, then nothing until unstalled
+        yield b"{"
+        await unstall.wait()
+
+    async def until(condition) -> None:  # bounded: a broken middleware fails the test instead of hanging it
+        with anyio.fail_after(30):
+            while not condition():
+                await anyio.sleep(0.01)
+
+    async def run():
+        served, refused = [], []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(limited), base_url="http://test") as http:
+            async def post(answers: list, **request) -> None:
+                answers.append(await http.post(ENDPOINT, **request))
+
+            async with anyio.create_task_group() as group:
+                for _ in range(2):
+                    group.start_soon(partial(post, [], content=stalling()))
+                await until(lambda: limited.reading == 2)
+                assert limited.active == 0  # the stalled uploads hold no model slot...
+                for _ in range(2):
+                    group.start_soon(post, served)  # ...so both are there for these
+                await until(lambda: limited.active == 2)
+                await post(refused)  # every model slot taken
+                group.start_soon(partial(post, [], content=stalling()))
+                await until(lambda: limited.reading == 3)
+                await post(refused, content=stalling())  # every reader's place taken
+                other = await http.get("/elsewhere")  # only the model's endpoint is bounded
+                release.set()
+                unstall.set()
+        return served, refused, other
+
+    served, refused, other = anyio.run(run)
+    assert [r.status_code for r in served] == [200, 200]
+    for response, why in zip(refused, ["2 requests are in flight", "3 requests are still sending their bodies"]):
+        assert response.status_code == 503 and response.headers["retry-after"] == "3", response.text
+        assert response.json()["detail"].startswith(why) and response.json()["detail"].endswith("retry in 3 s")
+    assert other.status_code == 404 and limited.active == limited.reading == 0
+
+
+def test_decide_command_reads_standard_input(quick_model, case, monkeypatch, capsys):
+    path, model = quick_model
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(json.dumps(good(path.name, case)).encode())))
+    assert main(["decide", str(path)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == path.name
+    assert printed["answers"] == model.decide(case.state, {q: x.to_json() for q, x in case.questions.items()})
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b'{"model": "x", "state": 42}')))
+    assert main(["decide", str(path)]) == 2
+    refused = {tuple(item["loc"]) for item in json.loads(capsys.readouterr().out)["detail"]}
+    assert refused == {("body", "state"), ("body", "questions")}
 
 
 def test_a_request_is_checked_and_tokenized_once(served, case, monkeypatch):

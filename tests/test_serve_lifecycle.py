@@ -1,10 +1,13 @@
-"""The server's door and its end, on live servers: with an API key, a request without it gets a JSON 401 and the
-official client works with it; SIGTERM or SIGINT to the server's process answers the request it holds, then stops
-every process the server started and frees the port (the same for the Ray Serve command)."""
+"""The server's door and its end, on live servers: the API key read from a file, asked of every request the official
+client sends, and never printed nor on a command line; SIGTERM or SIGINT to the server's process answers the request
+it holds, then stops every process the server started and frees the port (the same for the Ray Serve command);
+SIGKILL, which no handler sees, still ends them all; a model that fails to load ends the server with one line that
+says which and why. (What the key asks of each route is tested in process, tests/test_contract_inprocess.py.)"""
 
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -55,47 +58,66 @@ def call(url: str, method: str, path: str, payload: bytes | None = None, headers
         connection.close()
 
 
-@pytest.fixture(scope="module")
-def keyed(quick_model, tmp_path_factory):
+def start(args: list, log, **environment) -> tuple[subprocess.Popen, str]:
+    """``decisionkit serve ARGS`` on a free port of 127.0.0.1 (its own session, its output in ``log``), once LitServe's
+    readiness probe, which asks no key, answers: (process, url)."""
+    port = free_port()
+    command = [sys.executable, "-m", "decisionkit", "serve", *map(str, args), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, **environment})
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + SDK_TIMEOUT
+    while time.monotonic() < deadline:
+        assert server.poll() is None, f"decisionkit serve exited with status {server.returncode}"
+        try:
+            if call(url, "GET", READINESS_PATH)[0] == 200:
+                return server, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    server.kill()
+    pytest.fail(f"decisionkit serve did not answer within {SDK_TIMEOUT:g} s")
+
+
+def test_the_key_from_a_file_is_asked_and_never_shown(quick_model, case, tmp_path):
+    """``--api-key-file``: the key on the file's first line, ahead of the environment's. Without it the server
+    answers 401 (the official client raises its authentication error), with it the client's answers are
+    ``decide``'s; LitServe's readiness probe stays open. The key is in no process's command line and never in the
+    server's output."""
     path, model = quick_model
-    with launch([path], api_key=KEY, log=tmp_path_factory.mktemp("keyed") / "serve.log") as server:
-        yield server, path.name, model
+    key_file = tmp_path / "key"
+    key_file.write_text(f"{KEY}\nthe first line alone is read\n")
+    key_file.chmod(0o600)
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as output:
+        server, url = start([path, "--api-key-file", key_file], output, **{API_KEY_ENV: "not-this-one"})
+    try:
+        process = psutil.Process(server.pid)
+        assert not [p.pid for p in [process, *process.children(recursive=True)] if KEY in " ".join(p.cmdline())]
+        for headers in ({}, {"Authorization": "Bearer not-this-one"}):
+            status, answer, _ = call(url, "GET", "/v1/models", headers=headers)
+            assert status == 401 and "Authorization" in answer["detail"]
+        questions = {q: x.to_json() for q, x in case.questions.items()}
+        with sdk.TypeSafeClient(api_key=KEY, base_url=url, model=path.name, timeout=SDK_TIMEOUT,
+                                retry=sdk.RetryPolicy(max_retries=0)) as client:
+            result = client.system_one(state=case.state, questions=questions)
+        answers = {qid: a.model_dump(exclude_none=True) for qid, a in result.answers.items()}
+        assert systemone.disagreements(answers, model.decide(case.state, questions),
+                                       ANSWER_TOLERANCE[precision.choose().dtype]) == []
+        with sdk.TypeSafeClient(api_key="wrong", base_url=url, model=path.name, timeout=SDK_TIMEOUT,
+                                retry=sdk.RetryPolicy(max_retries=0)) as client:
+            with pytest.raises(sdk.TypeSafeAuthenticationError):
+                client.system_one(state=case.state, questions=questions)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    printed = log.read_text()
+    assert "API key required" in printed and KEY not in printed
 
 
-def test_with_a_key_every_route_asks_for_it_in_json(keyed, case):
-    server, name, _ = keyed
-    for method, path, payload in (("POST", ENDPOINT, body(name, case)), ("GET", "/v1/models", None),
-                                  ("GET", "/health", None), ("GET", "/docs", None)):
-        status, answer, headers = call(server.url, method, path, payload)
-        assert status == 401 and "Authorization" in answer["detail"], (path, answer)
-        assert headers["WWW-Authenticate"] == "Bearer"
-        status, answer, _ = call(server.url, method, path, payload, {"Authorization": "Bearer another-key"})
-        assert status == 401 and "does not carry" in answer["detail"]
-    status, _, _ = call(server.url, "GET", READINESS_PATH)  # a supervisor's readiness probe needs no key
-    assert status == 200
-    status, answer, _ = call(server.url, "GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
-    assert status == 200 and [m["name"] for m in answer["models"]] == [name]
-
-
-def test_the_official_client_works_with_the_key_and_is_refused_without(keyed, case):
-    server, name, model = keyed
-    questions = {q: x.to_json() for q, x in case.questions.items()}
-    with sdk.TypeSafeClient(api_key=KEY, base_url=server.url, model=name, timeout=SDK_TIMEOUT,
-                            retry=sdk.RetryPolicy(max_retries=0)) as client:
-        result = client.system_one(state=case.state, questions=questions)
-    answers = {qid: a.model_dump(exclude_none=True) for qid, a in result.answers.items()}
-    assert systemone.disagreements(answers, model.decide(case.state, questions),
-                                   ANSWER_TOLERANCE[precision.choose().dtype]) == []
-    with sdk.TypeSafeClient(api_key="wrong", base_url=server.url, model=name, timeout=SDK_TIMEOUT,
-                            retry=sdk.RetryPolicy(max_retries=0)) as client:
-        with pytest.raises(sdk.TypeSafeAuthenticationError):
-            client.system_one(state=case.state, questions=questions)
-
-
-def assert_gone(process: psutil.Process, children: list[psutil.Process], port: int) -> None:
-    """The server's process and every process it started have ended (a zombie waiting for init counts as ended),
-    and nothing listens on its port."""
-    _, alive = psutil.wait_procs([process, *children], timeout=30)
+def assert_gone(process: psutil.Process, children: list[psutil.Process], port: int, timeout: float = 30) -> None:
+    """The server's process and every process it started have ended within ``timeout`` seconds (a zombie waiting
+    for init counts as ended), and nothing listens on its port."""
+    _, alive = psutil.wait_procs([process, *children], timeout=timeout)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running after the server stopped: {[(p.pid, p.name()) for p in alive]}"
     with socket.socket() as probe:
@@ -124,6 +146,99 @@ def test_a_signal_answers_the_request_in_flight_then_stops_every_process(quick_m
         assert_gone(process, children, int(server.url.rsplit(":", 1)[1]))
     finally:
         server.stop()
+
+
+def test_sigkill_of_the_main_process_ends_every_process_it_started(quick_model, tmp_path):
+    """SIGKILL (or the out-of-memory killer) ends the main process without running a line of it: its inference
+    worker, its HTTP worker and its queue manager end with it (``shutdown.tie``), and the port closes. Broken on
+    purpose (no tie): all three kept running, the HTTP worker answering on the port."""
+    path, _ = quick_model
+    server = launch([path], log=tmp_path / "serve.log")
+    process = psutil.Process(server.process.pid)
+    children = process.children(recursive=True)
+    try:
+        assert len(children) >= 3, "LitServe starts an HTTP worker, an inference worker and a queue manager"
+        server.process.kill()
+        server.process.wait(timeout=30)
+        assert_gone(process, children, int(server.url.rsplit(":", 1)[1]), timeout=15)
+    finally:
+        for child in children:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                child.kill()
+
+
+WATCHED = """
+import multiprocessing, os, time
+from decisionkit.serving.shutdown import tie
+fork = multiprocessing.get_context("fork")
+orphan = fork.Process(target=tie, args=(0,))  # its parent is not process 0: as if it had died before the tie
+orphan.start()
+orphan.join()
+parent = os.getpid()
+watched = fork.Process(target=lambda: (tie(parent, kernel=False), time.sleep(600)))
+watched.start()
+print(orphan.exitcode, watched.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_without_the_kernels_signal_a_watchdog_ends_the_orphan():
+    """Where there is no PR_SET_PDEATHSIG (not Linux), ``tie``'s watchdog ends a child once its parent has died;
+    everywhere, a child whose parent died before it was tied ends at once."""
+    parent = subprocess.Popen([sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, text=True)
+    orphan_exit, watched = map(int, parent.stdout.readline().split())
+    watched = psutil.Process(watched)
+    parent.kill()
+    parent.wait()
+    _, alive = psutil.wait_procs([watched], timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    for p in alive:
+        p.kill()
+    assert orphan_exit == 1 and not alive, "the orphan outlived its parent"
+
+
+def test_a_model_that_fails_to_load_ends_the_server_with_one_line(quick_model, tmp_path):
+    """A model whose config and files pass the check at start but whose heads file is cut short fails in the
+    inference worker: the server exits with status 2 and says which model and why on its last line, and none of
+    its processes is left: the output's pipes close only once every process holding them has ended. (LitServe
+    alone would have waited for ever, had the worker died.)"""
+    path, _ = quick_model
+    broken = shutil.copytree(path, tmp_path / "truncated")
+    heads = broken / "heads.safetensors"
+    heads.write_bytes(heads.read_bytes()[:1000])
+    done = subprocess.run([sys.executable, "-m", "decisionkit", "serve", str(broken), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=SDK_TIMEOUT, start_new_session=True)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and last.startswith(f"decisionkit: error: model 'truncated' ({broken}) did not load: "
+                                                    "SafetensorError: "), done.stderr[-2000:]
+
+
+KILLED = """
+import os, signal, sys
+from decisionkit.serving import app
+
+class Killed(app.SystemOneAPI):
+    def setup(self, device):  # what the out-of-memory killer does to a worker loading a model too large for it
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if __name__ == "__main__":
+    app.SystemOneAPI = Killed
+    app.serve([sys.argv[1]], port=int(sys.argv[2]))
+"""
+
+
+def test_a_worker_killed_while_loading_ends_the_server(quick_model, tmp_path):
+    """An inference worker killed in its setup sets no error for LitServe to see: the server sees it gone and
+    ends, saying so."""
+    path, _ = quick_model
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    done = subprocess.run([sys.executable, str(script), str(path), str(free_port())], capture_output=True,
+                          text=True, timeout=SDK_TIMEOUT, start_new_session=True)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"decisionkit.serving.catalog.UnservableModel: the inference worker stopped while loading {path.name!r} "
+        "(exit code -9, killed by that signal)"), done.stderr[-2000:]
 
 
 def test_the_ray_serve_command_answers_then_stops_ray_on_sigterm(quick_model, case, tmp_path):

@@ -7,8 +7,9 @@ Every setting comes from an environment variable so that notebooks, tests and CI
   (default: ``~/.cache/decisionkit``).
 - ``DECISIONKIT_QUICK`` ``1`` shrinks notebook and demo sizes (same code path, smaller subsets).
 - ``TQDM_DISABLE``      ``1`` hides progress bars (tests and CI: nbval compares what cells write).
-- ``DECISIONKIT_API_KEY`` the key ``decisionkit serve`` asks of every request (``Authorization: Bearer``); unset,
-  it asks none.
+- ``DECISIONKIT_API_KEY`` the key ``decisionkit serve`` asks of every request (``Authorization: Bearer``), unless
+  ``--api-key-file`` names a file holding it; unset, it asks none. Never on the command line: any local user reads
+  the process list.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def progress_hidden() -> bool:
     return flag("TQDM_DISABLE")
 
 
-def api_key() -> str | None:
-    """The server's API key from ``DECISIONKIT_API_KEY``, or None when unset or blank."""
-    return os.environ.get(API_KEY_ENV, "").strip() or None
+def api_key(file: str | Path | None = None) -> str | None:
+    """The server's API key: the first line of ``file``, stripped (a file without one is refused: a key file that
+    came out empty must not serve without a key), else ``DECISIONKIT_API_KEY``; None when that is unset or blank."""
+    if file is None:
+        return os.environ.get(API_KEY_ENV, "").strip() or None
+    lines = Path(file).expanduser().read_text().splitlines()
+    if not lines or not lines[0].strip():
+        raise ValueError(f"{file} holds no API key: its first line is empty")
+    return lines[0].strip()

@@ -18,14 +18,16 @@ other than zstd; 503 with ``Retry-After`` once ``max_in_flight`` requests are wa
 running is not cut off); 500
 for a bug. The server binds to 127.0.0.1 unless told otherwise.
 
-With an API key (``decisionkit serve --api-key`` or ``DECISIONKIT_API_KEY``), every route asks for
+With an API key (``DECISIONKIT_API_KEY`` or ``decisionkit serve --api-key-file``), every route asks for
 ``Authorization: Bearer <key>`` (what the official client sends) and answers 401 in JSON without it; LitServe's
 readiness probe (``/litserve/health``, which says nothing but "ok") stays open. Without a key, anyone who can
 reach the port may call it: keep it on loopback.
 
-SIGTERM and SIGINT (Ctrl-C) shut the server down the same way, by LitServe's graceful shutdown: the requests in flight
-are answered, then every process LitServe started is stopped and joined (``tests/test_serve_lifecycle.py`` signals a
-live server; ``shutdown.py``).
+The models are checked before anything starts (``catalog.py``); one that fails then, or fails to load in the
+inference worker, ends the server with one line that names it and why. SIGTERM and SIGINT (Ctrl-C) shut the server
+down the same way, by LitServe's graceful shutdown: the requests in flight are answered, then every process LitServe
+started is stopped and joined; should the main process die otherwise (SIGKILL, out of memory), those processes end
+with it (``shutdown.py``; ``tests/test_serve_lifecycle.py`` signals live servers).
 
 Malformed HTTP and slow headers are answered by ``protocol.JSONErrorsProtocol``, uvicorn's protocol with JSON
 errors. ``serve_lab.py`` starts this server in a child process and measures it (notebook 09, the tests,
@@ -33,10 +35,14 @@ errors. ``serve_lab.py`` starts this server in a child process and measures it (
 it without LitServe, answering in the calling process (tests of the contract through ``httpx.ASGITransport``).
 """
 
-import datetime
 import hmac
 import json
+import multiprocessing
+import os
+import time
+from contextlib import asynccontextmanager
 from http import HTTPStatus
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -46,23 +52,16 @@ import pydantic_core
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from litserve.utils import WorkerSetupStatus
 from starlette.requests import ClientDisconnect
 
 from ..contract import systemone
-from ..contract.systemone import (
-    ModelMetadata,
-    ModelMetadataList,
-    Prepared,
-    Refusal,
-    SystemOneRequest,
-    SystemOneResponse,
-)
+from ..contract.systemone import ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
 from ..model.decision_model import load
-from ..model.features import FeatureSpec
-from ..model.saving import CONFIG_FILE
+from .catalog import Catalog, UnservableModel, catalog, health, model_list, one_line
 from .config import Batching, Limits
 from .protocol import json_errors_protocol
-from .shutdown import graceful_sigterm
+from .shutdown import graceful_sigterm, tie, tied_managers
 
 try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
     from compression import zstd
@@ -71,55 +70,6 @@ except ImportError:
 
 ENDPOINT = "/v1/systemone"
 READINESS_PATH = "/litserve/health"  # LitServe's own probe; our /health describes the models
-
-
-# ----- what is served -----------------------------------------------------------------------------------------------
-def catalog(runs: Sequence[str | Path]) -> dict[str, Path]:
-    """Model name (the run folder's name) -> folder, for the saved models to serve."""
-    named: dict[str, Path] = {}
-    for run in map(Path, runs):
-        if not (run / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{run / CONFIG_FILE} not found: {run} is not a saved decision model")
-        if run.name in named:
-            raise ValueError(f"two models are named {run.name!r} ({named[run.name]} and {run}); rename one folder")
-        named[run.name] = run
-    return named
-
-
-def _config(run: Path) -> dict:
-    return json.loads((run / CONFIG_FILE).read_text())
-
-
-def model_list(models: dict[str, Path]) -> ModelMetadataList:
-    """``GET /v1/models``: name, what each model answers, and the day it was saved (read from the saved configs)."""
-    entries = []
-    for name, run in models.items():
-        config = _config(run)
-        schema = config["schema"]
-        questions = sum(len(qs) for qs in schema.values())
-        saved = datetime.date.fromtimestamp((run / CONFIG_FILE).stat().st_mtime).isoformat()
-        entries.append(ModelMetadata(name=name, release_date=saved, description=(
-            f"decision model on {config['backbone']['name']}: {questions} questions in {len(schema)} workflow(s) "
-            f"({', '.join(schema)}); reads at most {_reads(config)}")))
-    return ModelMetadataList(models=entries)
-
-
-def _reads(config: dict) -> str:
-    """How much of a state a saved model reads, in words: its cap on tokens, in windows of its length."""
-    spec = FeatureSpec.from_json(config["features"])
-    return f"{spec.max_tokens} tokens ({spec.max_windows} windows of {spec.max_length})"
-
-
-def health(models: dict[str, Path]) -> dict:
-    """``GET /health``: status, and each model's backbone, workflows with their questions, token limit, routing."""
-    described = {}
-    for name, run in models.items():
-        config = _config(run)
-        spec = FeatureSpec.from_json(config["features"])
-        described[name] = {"backbone": config["backbone"]["name"], "workflows": config["schema"],
-                           "max_tokens": spec.max_tokens, "window_tokens": spec.max_length,
-                           "routing": config.get("router") is not None}
-    return {"status": "ok", "models": described}
 
 
 # ----- reading requests -------------------------------------------------------------------------------------------
@@ -269,39 +219,48 @@ async def _internal_error(request: Request, err: Exception) -> JSONResponse:
                         HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def install(app: FastAPI, models: dict[str, Path], limits: Limits, api_key: str | None = None) -> None:
-    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health``, the API key when
-    one is given (``BearerKey``, checked before anything else), the limits on reading a request (``RequestLimits``),
-    strict parsing, JSON for unexpected errors. ``POST /v1/systemone`` is added by the deployment (it owns the
-    batching)."""
+def install(app: FastAPI, models: Catalog, limits: Limits, api_key: str | None = None) -> None:
+    """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health`` (answered from the
+    configs ``catalog`` read at start), the API key when one is given (``BearerKey``, checked before anything else),
+    the limits on reading a request (``RequestLimits``), strict parsing, JSON for unexpected errors.
+    ``POST /v1/systemone`` is added by the deployment (it owns the batching)."""
     app.state.limits = limits
     app.router.route_class = ContractRoute
     app.add_middleware(RequestLimits, limits=limits)
     if api_key:
         app.add_middleware(BearerKey, key=api_key)  # added last, so it runs first
     app.add_exception_handler(Exception, _internal_error)
+    listed, described = model_list(models), health(models)
 
     @app.get("/v1/models", response_model=ModelMetadataList)
     def list_models() -> ModelMetadataList:
-        return model_list(models)
+        return listed
 
     @app.get("/health")
     def status() -> dict:
-        return health(models)
+        return described
 
 
 # ----- the model side -------------------------------------------------------------------------------------------------
 class SystemOneAPI(ls.LitAPI):
     """LitServe's model side, in the inference worker: each request is checked against its model on its own, then
     every request of a batch is answered by one ``decide_many`` per model. (LitServe reads the request model from
-    ``decode_request``'s annotation, so this module does not postpone annotations.)"""
+    ``decode_request``'s annotation, so this module does not postpone annotations.) Built in the server's main
+    process; ``failures`` carries a model that did not load back to it."""
 
-    def __init__(self, models: dict[str, Path], batching: Batching = Batching()):
+    def __init__(self, models: Catalog, batching: Batching, failures: Connection):
         super().__init__(max_batch_size=batching.max_batch_size, batch_timeout=batching.timeout, api_path=ENDPOINT)
-        self.runs = models
+        self.runs, self.server_pid, self.failures = dict(models), os.getpid(), failures
 
     def setup(self, device: str) -> None:
-        self.models = {name: load(run, device=device.split(":")[0]) for name, run in self.runs.items()}
+        tie(self.server_pid)  # first: a worker whose server has died loads nothing
+        self.models = {}
+        for name, run in self.runs.items():
+            try:
+                self.models[name] = load(run, device=device.split(":")[0])
+            except Exception as err:
+                self.failures.send(f"model {name!r} ({run}) did not load: {one_line(err)}")
+                raise
 
     def decode_request(self, request: SystemOneRequest) -> Prepared | Refusal:
         return systemone.prepare(self.models, request)  # never raises: one refusal must not fail its batch
@@ -320,23 +279,62 @@ def refusal_response(refusal: Refusal) -> JSONResponse:
 
 
 class SystemOneServer(ls.LitServer):
-    """LitServe's server for ``SystemOneAPI``, with the shared routes and limits installed on its FastAPI app."""
+    """LitServe's server for ``SystemOneAPI``, with the shared routes and limits installed on its FastAPI app. Every
+    process it starts ends with the main process (``shutdown.tie``): the inference worker in its ``setup``, each
+    API-server process in the app's ``lifespan``, the queue manager as it starts (``shutdown.tied_managers``);
+    multiprocessing's resource tracker ends by itself once they all have."""
 
-    def __init__(self, models: dict[str, Path], batching: Batching = Batching(), limits: Limits = Limits(),
+    def __init__(self, models: Catalog, batching: Batching = Batching(), limits: Limits = Limits(),
                  api_key: str | None = None):
-        self.served, self.limits, self.api_key = models, limits, api_key
-        super().__init__(SystemOneAPI(models, batching), accelerator="auto", devices=1, timeout=limits.request_timeout,
-                         healthcheck_path=READINESS_PATH)
+        self.served, self.limits, self.api_key, self.main_pid = models, limits, api_key, os.getpid()
+        self.failures, failed = multiprocessing.Pipe(duplex=False)
+        super().__init__(SystemOneAPI(models, batching, failed), accelerator="auto", devices=1,
+                         timeout=limits.request_timeout, healthcheck_path=READINESS_PATH)
 
     def register_endpoints(self) -> None:
         install(self.app, self.served, self.limits, self.api_key)  # before LitServe's routes: they read strictly too
         super().register_endpoints()
 
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        tie(self.main_pid)
+        async with super().lifespan(app):
+            yield
+
+    def _init_manager(self, num_api_servers: int):
+        with tied_managers():
+            self.manager = super()._init_manager(num_api_servers)
+        return self.manager
+
+    def verify_worker_status(self) -> None:
+        """LitServe's wait for the inference worker to load the models, ended by a worker that failed (a model did
+        not load: ``SystemOneAPI.setup`` sent which and why) or died (killed for memory, say), where LitServe's
+        would wait for ever: the worker and the queue manager are stopped and ``UnservableModel`` says why."""
+        statuses = self.workers_setup_status
+        while WorkerSetupStatus.READY not in statuses.values():
+            ended = [w.exitcode for w in self.inference_workers if not w.is_alive()]
+            if ended or WorkerSetupStatus.ERROR in statuses.values():
+                for worker in self.inference_workers:
+                    worker.kill()
+                    worker.join()
+                self.manager.shutdown()
+                raise UnservableModel(self._failure(ended))
+            time.sleep(0.05)
+
+    def _failure(self, ended: list[int]) -> str:
+        """Why the inference worker did not start: what ``SystemOneAPI.setup`` sent, else how the worker ended."""
+        if self.failures.poll(1):
+            return self.failures.recv()
+        how = (f"exit code {ended[0]}{', killed by that signal' if ended[0] < 0 else ''}" if ended else
+               "its log says why")
+        return f"the inference worker stopped while loading {', '.join(map(repr, self.served))} ({how})"
+
 
 def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000, batching: Batching = Batching(),
           limits: Limits = Limits(), log_level: str = "warning", api_key: str | None = None) -> None:
     """Serve the saved models in ``runs`` until SIGTERM or SIGINT (``decisionkit serve`` calls this); with
-    ``api_key``, every request must carry it as ``Authorization: Bearer``."""
+    ``api_key``, every request must carry it as ``Authorization: Bearer``. A model that cannot be served is refused
+    before anything is (``catalog``), or once the inference worker fails to load it: ``UnservableModel``."""
     server = SystemOneServer(catalog(runs), batching, limits, api_key)
     with graceful_sigterm():
         server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
