@@ -1,7 +1,7 @@
 # decisionkit: two commands on a fresh machine.
 #   make demo   the main job end to end on the offline default backbone
 #   make test   the whole test suite (unit, integration and notebook tiers, quick mode), as CI runs it
-#   make test-unit   the fast tier alone: no trained model, server, browser, wheel or notebook (about 3 minutes)
+#   make test-unit   the fast tier alone: trains no model; no server, browser, wheel or notebook (under 2 minutes)
 # Both first build a project-local virtual environment in .venv (once; rebuilt when the pins change).
 
 PYTHON ?= python3

@@ -8,10 +8,15 @@ from decisionkit.course.numerics import batch_agreement
 def test_batched_answers_agree_with_answers_alone_within_the_documented_tolerance(quick_model, splits):
     _, model = quick_model
     kept = model.backbone.precision
-    requests = [{"state": c.state, "workflow": c.workflow} for c in splits["validation"].head(2)]  # 4 workflows
+    # the shortest state of each workflow: mixed workflows and lengths in as few tokens as that takes (bfloat16
+    # without its own instructions, an AVX2 CPU's, runs about six times slower than float32: 1.8 s a decision here)
+    validation = splits["validation"]
+    requests = [{"state": c.state, "workflow": c.workflow}
+                for c in (min((c for c in validation if c.workflow == w), key=lambda c: len(c.text))
+                          for w in validation.workflows)]
     result = batch_agreement(model, requests, batch_size=3)  # padded batches of mixed workflows and lengths
     table = result.table()
-    assert list(table.index) == ["float32", "bfloat16"] and (table["requests"] == 8).all()
+    assert list(table.index) == ["float32", "bfloat16"] and (table["requests"] == 4).all()
     assert table["tolerance"].to_dict() == ANSWER_TOLERANCE
     assert (table["beyond tolerance"] == 0).all(), table
     assert (table["max answer gap"] <= table["tolerance"]).all(), table
