@@ -83,7 +83,7 @@ class DecisionModel(nn.Module):
         # confidence of cases they were not fitted on.
         self.head_recipe: HeadRecipe | None = None
         self.tuned = False  # True once every backbone weight has trained: saving then writes the backbone too
-        self.base: dict | None = None  # for a loaded tuned model: the name and hash of the backbone it came from
+        self.base: dict | None = None  # for a loaded tuned model: the name, hash and revision of the backbone it came from
         self.to(backbone.device)
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
