@@ -137,6 +137,23 @@ def test_prepare_and_respond_with_a_model(quick_model, splits):
         assert respond(models, [refused]) == [refused]
 
 
+def test_a_json_encoded_state_is_read_as_its_object_as_training_reads_it(splits):
+    """A CSV export holds JSON states as strings, and the loader reads them as objects (their fields feed a hybrid's
+    trees); a request that sends the same string must be read the same way, fields and rendered text alike."""
+    from decisionkit.contract.systemone import checked
+
+    case = splits["validation"][0]
+    schema = splits["train"].schema()
+    as_object = checked(schema, case.state, workflow=case.workflow)
+    as_string = checked(schema, json.dumps(case.state, indent=1), workflow=case.workflow)
+    assert as_string.state == case.state and as_string.text == as_object.text
+    ticket = "{not json} my card was charged twice"  # text stays text, even starting with a brace
+    assert checked(schema, ticket, workflow=case.workflow).state == ticket
+    from decisionkit.data.decisions import _state  # the loader's reading of a row's state
+
+    assert _state(json.dumps(case.state), "row 1") == (as_string.state, True)  # what training read, answering reads
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tiny_backbone, splits):
     """The tiny backbone read in windows of 64 tokens, at most 4, random heads: the mechanics of windows."""

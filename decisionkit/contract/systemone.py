@@ -39,7 +39,7 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from ..core.answer_fields import answer_confidence
-from ..data.cases import render_state
+from ..data.cases import json_state, render_state
 from ..data.questions import AnyQuestion, Contract, InvalidQuestion, JSONText, Question
 
 MAX_STATE_DEPTH = 64  # typed-decisions states nest about 5 deep; far deeper is a mistake or an attack
@@ -305,6 +305,7 @@ def checked(schema: Mapping[str, Mapping[str, Question]], state: Any, questions:
     """``check`` a request's questions and workflow, and render its state: what ``DecisionModel.decide_checked``
     answers."""
     workflow, asked = check(schema, questions, workflow)
+    state = json_state(state)  # a JSON-encoded state is read as the object, as training read it
     return Checked(state, workflow, asked, render_state(state, workflow))
 
 

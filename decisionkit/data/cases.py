@@ -138,6 +138,20 @@ def _decoded(value: Any, name: str, where: str) -> Any:
     return value
 
 
+def json_state(state: Any) -> Any:
+    """A string that holds a JSON object read as that object (a CSV cell, a log line, a request's JSON-encoded
+    state); anything else as it is. Training (``decisions.load_decisions``) and answering (``systemone.checked``)
+    both read states so: a model trained on a CSV of JSON cells reads the same fields, and the same text, whether a
+    request sends the state as an object or as the string the export held."""
+    if isinstance(state, str) and state.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(state)
+        except json.JSONDecodeError:
+            return state
+        return parsed if isinstance(parsed, dict) else state
+    return state
+
+
 def render_state(state: Any, workflow: str | None = None) -> str:
     """Turn a workflow state into model input text: a workflow line, then the state as compact JSON.
 

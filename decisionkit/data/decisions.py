@@ -58,6 +58,7 @@ from .cases import (
     Case,
     Split,
     _hashed_ids,
+    json_state,
     load_typed_decisions,
 )
 from .labels import gold_from_label, load_schemas, scalar
@@ -113,19 +114,11 @@ class Decisions:
 def _state(value: Any, where: str) -> tuple[Any, bool]:
     """(state, read as JSON): an object stays one; a string holding a JSON object becomes that object; other text
     stays text. Anything else is refused."""
-    value = scalar(value)
+    value = json_state(scalar(value))
     if isinstance(value, dict):
         return value, True
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("{"):
-            try:
-                parsed = json.loads(text)
-            except json.JSONDecodeError:
-                parsed = None
-            if isinstance(parsed, dict):
-                return parsed, True
-        if not text:
+        if not value.strip():
             raise DataError(f"{where}: field 'state' is empty; every row needs the state the model reads")
         return value, False
     if value is None:
