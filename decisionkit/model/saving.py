@@ -163,6 +163,14 @@ def _carry_over(previous: Path, new: Path) -> None:
             link_or_copy(item, new / item.name)
 
 
+def missing_files(path: Path, saved: ModelConfig) -> list[str]:
+    """What the model saved in ``path`` (``saved``: its config) needs and its folder lacks: the heads, a LoRA model's
+    adapter weights, a tuned backbone. A server checks this before it loads anything (``serving.catalog``)."""
+    needed = [HEADS_FILE, *([f"{ADAPTER_DIR}/{ADAPTER_FILE}"] if saved.backbone.get("lora") else []),
+              *([BACKBONE_DIR] if saved.backbone.get("tuned") else [])]
+    return [name for name in needed if not (path / name).exists()]
+
+
 def load_trained(model, path: str | Path) -> dict:
     """Load the heads, the feature standardization and, for a LoRA model, the adapter weights of a saved folder into
     ``model``; the tensors of ``heads.safetensors`` are returned (a hybrid's trees and a router are in them too).

@@ -15,15 +15,7 @@ from typing import Sequence
 
 from ..contract.systemone import ModelMetadata, ModelMetadataList
 from ..model.features import FeatureSpec
-from ..model.saving import (
-    ADAPTER_DIR,
-    ADAPTER_FILE,
-    BACKBONE_DIR,
-    CONFIG_FILE,
-    HEADS_FILE,
-    ModelConfig,
-    schema_from_json,
-)
+from ..model.saving import CONFIG_FILE, ModelConfig, missing_files, schema_from_json
 
 
 class UnservableModel(ValueError):
@@ -51,9 +43,7 @@ def checked(run: Path) -> ModelConfig:
         config = ModelConfig.read(run)
         FeatureSpec.from_json(config.features)
         schema_from_json(config.schema)
-        needed = [HEADS_FILE, *([f"{ADAPTER_DIR}/{ADAPTER_FILE}"] if config.backbone.get("lora") else []),
-                  *([BACKBONE_DIR] if config.backbone.get("tuned") else [])]
-        missing = [name for name in needed if not (run / name).exists()]
+        missing = missing_files(run, config)
         if missing:
             raise FileNotFoundError(f"{', '.join(missing)} not found in {run}")
     except (OSError, ValueError, KeyError, TypeError) as err:
