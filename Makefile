@@ -38,12 +38,12 @@ test-unit: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	DECISIONKIT_QUICK=1 TQDM_DISABLE=1 $(PY) -m pytest -q -m unit --durations=10
 
-# re-run every notebook in full mode and save it with its outputs. No widget state is stored: with it, static
-# viewers (nbconvert, nbviewer) show a widget view that needs a CDN; without it they show the panels' static
-# rendering (the last answer's verdict and bars), while JupyterLab draws the panel again when its cell runs.
+# the whole course, every notebook in order in full mode, each saved with its outputs and timed: the times go to
+# notebooks/timings.json (per CPU, dtype and cache state), the course time table of notebook 00 and of this README.
+# No widget state is stored: with it, static viewers (nbconvert, nbviewer) show a widget view that needs a CDN;
+# without it they show the panels' static rendering, while JupyterLab draws the panel again when its cell runs.
 notebooks: $(VENV)/.installed
-	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m jupyter nbconvert --to notebook --execute --inplace \
-		--ExecutePreprocessor.timeout=-1 --ExecutePreprocessor.store_widget_state=False *.ipynb
+	cd notebooks && TQDM_DISABLE=1 ../$(PY) -m decisionkit.course.course_times . --readme ../README.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -25,7 +25,8 @@ if "DECISIONKIT_DTYPE" not in os.environ:
 # fixture of INTEGRATION_FIXTURES); a notebook item is a notebook test; everything else is a unit test: mechanics on
 # synthetic logits and features and the tiny random backbone, seconds each.
 INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py", "test_serve_own_data.py",
-                     "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py", "test_checkpoint.py"}
+                     "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py", "test_checkpoint.py",
+                     "test_course_run.py"}
 TRAINING_FILES = {"test_training.py", "test_probe.py", "test_token_head.py", "test_own_data.py"}
 INTEGRATION_FIXTURES = {"quick_model", "ngs_qc_run"}
 

@@ -1,5 +1,6 @@
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,8 +19,10 @@ from decisionkit.training.anomaly import (
     FeatureDensity,
     Inputs,
     _cross_fitted,
+    answer_names,
     evaluate_scores,
     fit_router,
+    in_domain_calibration,
     load_inputs,
 )
 
@@ -280,6 +283,12 @@ def test_evaluation_reports_auroc_and_fpr(routed, splits):
     assert routed_table.loc[("off", "poem"), "sent to a human"] == human(outside[outside["kind"] == "poem"])
     figure = report.figure()
     assert len(figure.data) == 2 and [t.name for t in figure.data] == [report.real, "off"]
+    # one name per thing: a hybrid's answers are "the hybrid", with or without its distance weight
+    assert report.names == answer_names(model) == ("the hybrid", "the hybrid, distance-aware")
+    assert list(report.confidence_table("off").index) == ["the hybrid (raw confidence)",
+                                                           "the hybrid, distance-aware (confidence)"]
+    assert list(in_domain_calibration(model, in_domain).index) == list(report.names)
+    assert answer_names(SimpleNamespace(structured=None)) == ("heads alone", "heads alone, distance-aware")
 
 
 def test_lowest_confidence_reads_the_confidence_fields():

@@ -8,7 +8,14 @@ import torch
 import decisionkit
 from decisionkit.data.metrics import expected_calibration_error, reliability_bins, score
 from decisionkit.data.scenarios import load_scenario
-from decisionkit.training.calibration import STAGES, calibrate, calibrate_out_of_fold, fitted_where, risk_coverage
+from decisionkit.training.calibration import (
+    STAGES,
+    calibrate,
+    calibrate_out_of_fold,
+    fitted_where,
+    risk_coverage,
+    uncalibrated,
+)
 from decisionkit.training.runs import shared_run
 from decisionkit.training.temperature import (
     BOUNDS,
@@ -286,3 +293,18 @@ def test_calibrating_a_routed_model_is_refused_with_the_order_to_follow(quick_mo
             call()
     model.router = None
     calibrate(model, splits["validation"].head(10))  # in order again
+
+
+def test_uncalibrated_resets_a_routed_hybrid_to_what_calibrate_starts_from(quick_model, splits):
+    """A saved, calibrated and routed hybrid back to temperatures 1 without its router; the heads alone on request."""
+    from decisionkit.training.anomaly import fit_router
+
+    model = decisionkit.load(quick_model[0])
+    calibrate(model, splits["validation"].head(10))
+    fit_router(model, splits["train"].head(10), splits["validation"].head(10), folds=2)
+    assert model.temperatures.fitted and model.router is not None
+    assert uncalibrated(model) is model
+    assert not model.temperatures.fitted and model.router is None and model.structured is not None
+    calibrate(model, splits["validation"].head(10))  # allowed again
+    heads = uncalibrated(decisionkit.load(quick_model[0]), heads_alone=True)
+    assert heads.structured is None and not heads.temperatures.fitted

@@ -124,3 +124,14 @@ def test_token_lengths_table(backbone, splits):
     assert table.loc["all", "cases"] == 80
     assert table.loc["all", "median"] <= table.loc["all", "p95"] <= table.loc["all", "max"] <= 512
     assert len(stats.figure().data) == 4  # one trace per workflow
+
+
+def test_token_lengths_count_the_states_longer_than_a_window(backbone, splits):
+    stats = token_lengths(splits["validation"], backbone.tokenizer, window=100)
+    table = stats.table()
+    lengths = stats.lengths
+    assert table.loc["all", "over window"] == (lengths > 100).sum() > 0
+    per_workflow = table.drop(index="all")["over window"]
+    assert per_workflow.sum() == table.loc["all", "over window"]
+    assert "over window" not in token_lengths(splits["validation"], backbone.tokenizer).table()
+    assert any(shape.x0 == 100 for shape in stats.figure().layout.shapes)  # the window drawn on the histogram

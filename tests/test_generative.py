@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decisionkit.core.precision import Precision
-from decisionkit.course.ab import DECISION, RATIO_COLUMNS, ZERO_SHOT, ab_test, how_trained
+from decisionkit.course.ab import DECISION, RATIO_COLUMNS, ZERO_SHOT, ab_test, case_interval, how_trained
 from decisionkit.course.generative import (
     ComputeDtype,
     answer_schema,
@@ -19,7 +19,7 @@ from decisionkit.course.generative import (
     training_cost,
 )
 from decisionkit.data.cases import Split
-from decisionkit.data.metrics import score
+from decisionkit.data.metrics import case_rows, score
 from decisionkit.model.heads import Temperatures
 
 
@@ -108,12 +108,21 @@ def test_constrained_decoding_is_valid_json_of_the_schema(backbone, splits):
     assert g.output_tokens < 80 and 0 < g.first_token_ms <= g.latency_ms
 
 
+def test_case_interval_resamples_whole_cases():
+    correct = np.array([1, 1, 1, 0, 0, 0, 1, 0, 1, 0])  # five cases of two decisions
+    rows = case_rows(np.repeat(np.arange(5), 2))
+    low, high = case_interval(rows, lambda k: correct[k].mean())
+    assert low < correct.mean() < high and 0 <= low and high <= 1
+    assert case_interval(rows, lambda k: 0.0) == (0.0, 0.0)  # the same on every draw: no warning, its own interval
+    assert all(np.isnan(case_interval(rows[:1], lambda k: correct[k].mean())))  # one case: nothing to resample
+
+
 def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits):
     _, model = quick_model
     first = splits["validation"].head(1)
     cases = Split(first.name, first.cases[:2], first.source)  # two workflows, one case each
-    ab = ab_test(model, cases, budgets=(8,), constrained_budget=80, progress=False)
-    methods = [DECISION, "option scoring (log-prob)", "free JSON, 8 tokens", "constrained JSON"]
+    ab = ab_test(model, cases, budgets=(8,), constrained_budget=80, progress=False, others={"again": model})
+    methods = [DECISION, "again", "option scoring (log-prob)", "free JSON, 8 tokens", "constrained JSON"]
     latency, accuracy = ab.latency_table(), ab.accuracy_table()
     assert list(latency.index) == methods and list(accuracy.index) == methods
     # two timings per method: fewer than a p99 needs, so the tail shown is p90
@@ -133,7 +142,14 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
         assert how_trained(model) == "yes: heads + trees on train, calibrated"
     finally:
         model.temperatures = kept
-    assert (accuracy["trained"].drop(DECISION) == ZERO_SHOT).all()  # no generative baseline was trained
+    for method in methods:  # each accuracy inside its interval over cases; ECE too, where a method has one
+        low, high = accuracy.loc[method, ["accuracy low (95%)", "accuracy high (95%)"]]
+        assert low <= accuracy.loc[method, "accuracy"] <= high
+    low, high = accuracy.loc[DECISION, ["ece low (95%)", "ece high (95%)"]]
+    assert 0 <= low <= high and np.isnan(accuracy.loc["constrained JSON", "ece low (95%)"])
+    assert accuracy.loc["again", "trained"] == how_trained(model)  # another decision model: what of it was trained
+    assert accuracy.loc["again", "accuracy"] == accuracy.loc[DECISION, "accuracy"]
+    assert (accuracy["trained"].drop([DECISION, "again"]) == ZERO_SHOT).all()  # no generative baseline was trained
     assert accuracy.loc["constrained JSON", "valid"] == 1.0 and accuracy.loc["free JSON, 8 tokens", "valid"] == 0.0
     assert np.isnan(accuracy.loc["constrained JSON", "kl"])  # a generated answer has no distribution
     decided = score(cases, *model.outputs(cases)).overall()
@@ -147,8 +163,14 @@ def test_ab_test_sets_every_method_beside_the_decision_model(quick_model, splits
     assert accuracy.loc["option scoring (log-prob)", ["accuracy", "kl"]].tolist() == pytest.approx(
         [by_options["accuracy"], by_options["kl"]])
     by_workflow = ab.latency_table("workflow")
-    assert len(by_workflow) == 4 * 2 and (by_workflow.xs(DECISION, level="method")["x decision p50"] == 1.0).all()
-    assert len(ab.accuracy_table("workflow")) == 4 * 2
+    assert len(by_workflow) == 5 * 2 and (by_workflow.xs(DECISION, level="method")[RATIO_COLUMNS[0]] == 1.0).all()
+    assert len(ab.accuracy_table("workflow")) == 5 * 2
+    seed = ab.against_seed("constrained JSON", decisions=(DECISION, "again"))  # quoted from data.seed, beside ours
+    assert seed["seed (quoted)"].tolist() == ["191.4 ms", "3,679.8 ms", "19.2x"]
+    ours = seed[f"this run: {DECISION} (same backbone)"]
+    assert ours.iloc[0] == f"{latency.loc[DECISION, 'p50 ms']:,.1f} ms"
+    assert ours.iloc[2].startswith(f"{latency.loc['constrained JSON', RATIO_COLUMNS[0]]:.1f}x (")
+    assert list(seed.columns)[-1] == "this run: again (across backbones)"
     examples = ab.generative.examples(8, n=2, chars=40)
     assert examples["method"].tolist() == ["free, 8 tokens"] * 2 + ["constrained"] * 2  # two of each, failures first
     requests = ab.generative.requests

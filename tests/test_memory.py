@@ -141,3 +141,17 @@ def test_training_reports_the_portable_peak():
 
     assert peak_memory_gb("cpu") == pytest.approx(peak_rss_gb(), rel=0.01)
     assert peak_rss_gb() > 0.05  # this process has torch loaded: well over 50 MB resident
+
+
+def test_one_step_measured_in_a_fresh_process_beside_the_estimate_of_its_setup(tiny_backbone_path):
+    from decisionkit.course.memory import measure_step, step_preset, step_setup
+
+    overrides = dict(backbone=str(tiny_backbone_path), train_per_workflow=4, max_length=32)
+    step = measure_step("cpu-lora-quick", **overrides)
+    p = step_preset("cpu-lora-quick", **overrides)
+    assert step.device in ("cpu", "cuda") and step.seconds > 0 and 0 < step.tokens <= p.batch_size * 32
+    assert step.trainable == ModelShape.from_config(load_backbone(tiny_backbone_path).config).lora_parameters(p.lora)
+    assert 0 < step.before_gb <= step.peak_gb <= step.lifetime_peak_gb + 1e-3 and step.step_gb >= 0
+    setup = step_setup(p, step.device)
+    assert (setup.batch_size, setup.seq_len, setup.quant) == (p.micro_batch, 32, None)
+    assert step_setup(step_preset("cpu-lora-quick", mode="qlora", max_length=32)).quant is not None

@@ -109,6 +109,11 @@ def test_paired_difference_resamples_cases_and_brackets_the_gain(splits):
     assert ece == pytest.approx(expected_calibration_error(gold.decisions["confidence"], gold.decisions["correct"])
                                 - expected_calibration_error(uniform.decisions["confidence"], uniform.decisions["correct"]))
     assert low <= ece <= high
+    carried = gold.decisions["answer_confidence"].notna()  # the confidence field: choice and score answers only
+    assert (~carried).any() and carried.any()
+    field, low, high = paired_difference(uniform, gold, "ece_confidence", resamples=200)
+    assert field == pytest.approx(gold.overall()["ece_confidence"] - uniform.overall()["ece_confidence"])
+    assert low <= field <= high
     with pytest.raises(ValueError, match="expected one of accuracy"):
         paired_difference(uniform, gold, "f1")
     with pytest.raises(ValueError, match="different decisions"):

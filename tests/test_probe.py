@@ -32,6 +32,20 @@ def test_probe_reads_answers_from_informative_features_but_not_from_noise(halves
     assert set(informed.history["l2"]) == {1e-3, 1e-1} and informed.l2 in (1e-3, 1e-1)
 
 
+def test_probe_picks_on_a_dev_slice_of_train_and_reads_validation_only_to_score(halves):
+    fit, held = halves
+    train_x = _informative(fit, 0.5)
+    rng = np.random.default_rng(3)
+    informed = linear_probe(train_x, fit, _informative(held, 0.5, 1), held, l2_grid=(1e-3, 1e-1))
+    scrambled = linear_probe(train_x, fit, rng.standard_normal(train_x[: len(held)].shape), held, l2_grid=(1e-3, 1e-1))
+    # the choice (L2, step, the loss curve it read) is the same whatever the validation features hold
+    assert scrambled.l2 == informed.l2 and scrambled.history.equals(informed.history)
+    assert scrambled.scores.overall()["accuracy"] < informed.scores.overall()["accuracy"]
+    # picking on the scored split is only for a held-out curve: it reads validation's loss, so the history differs
+    on_validation = linear_probe(train_x, fit, _informative(held, 0.5, 1), held, l2_grid=(1e-3, 1e-1), dev_share=None)
+    assert not on_validation.history["val_loss"].equals(informed.history["val_loss"])
+
+
 def test_compare_probes_table_and_alignment(halves):
     fit, held = halves
     layers = (1, 2)
@@ -87,3 +101,26 @@ def test_learned_pooling_is_a_row_beside_the_fixed_poolings_from_one_extraction(
     assert np.isnan(table["L2"].iloc[-1]) and 0 <= table["accuracy"].iloc[-1] <= 1
     assert table.iloc[:-1].equals(plain.table())  # the fixed poolings read the same features either way
     assert len(comparison.figure().data) == len(table)
+
+
+def test_pooling_by_backbone_sets_the_last_layers_poolings_side_by_side(halves):
+    from decisionkit.course.probe import POOLING_SETTINGS, pooling_by_backbone
+
+    fit, held = halves
+
+    def comparison(layers, noise):
+        def feats(split, seed):
+            x = _informative(split, noise, seed)
+            return Features(split.ids, layers, {f"{p}@{layer}": x for p in ("last", "mean", "max") for layer in layers},
+                            0.0, False)
+
+        return compare_probes(feats(fit, 0), fit, feats(held, 1), held, POOLING_SETTINGS + [("mean", layers[0])],
+                              steps=50)
+
+    table = pooling_by_backbone({"a": comparison((1, 2), 0.05), "b": comparison((3, 6), 2.0)})
+    assert table.columns.tolist() == ["a (layer 2)", "b (layer 6)"]
+    assert table.index.tolist() == ["last", "mean", "max", "spread (best - worst)"]
+    for column in table:
+        poolings = table[column].iloc[:3]
+        assert table[column].iloc[3] == pytest.approx(poolings.max() - poolings.min(), abs=2e-3)
+    assert (table["a (layer 2)"].iloc[:3] > table["b (layer 6)"].iloc[:3]).all()

@@ -28,7 +28,7 @@ def test_the_board_holds_every_seed_figure_quoted_as_the_seed_writes_it():
     assert table.loc["training time", "ours"] == "not measured"  # left out: said, not hidden
     markdown = board._repr_markdown_()
     assert markdown.startswith("Ours measured on: a CPU, float32.") and all(name in markdown for name in SEED)
-    for quoted in ("7.95 GB", "30.5%", "80.5%", "74.9%", "0.187", "0.036", "191 ms", "3,680 ms", "~16 ms", "22-28 ms",
+    for quoted in ("7.95 GB", "30.5%", "80.5%", "74.9%", "0.187", "0.036", "191.4 ms", "3,679.8 ms", "~16 ms", "22-28 ms",
                    "54.3%", "99.97%", "89.31%", "0.63%", "77.21%", "84.7%", "~15 min"):
         assert quoted in markdown
 
@@ -40,16 +40,18 @@ def test_the_reference_table_reads_the_seed_accuracies_from_the_one_place():
     assert rows["Qwen3.5-4B zero-shot (reference run)"] == SEED["zero-shot accuracy"].value == 0.305
 
 
-def test_the_latency_ratio_is_computed_from_both_sides_inputs():
-    board = scoreboard({"decision latency": Measured(40.0, "p50"), "generated JSON latency": Measured(2200.0, "p50")},
-                       "a CPU")
-    ratio = board["generated JSON latency / decision latency"]
-    assert ratio.value == pytest.approx(55.0) and ratio.ours == "55.0x"
-    assert ratio.seed == f"{3680 / 191:.1f}x" == "19.3x"
+def test_the_latency_ratio_is_ours_on_one_backbone_not_the_rows_above():
+    # The rows hold the main model's decide (MiniLM) and SmolLM2's generation: their quotient would set two backbones
+    # against each other, so the ratio row shows only the one-backbone ratio it is given.
+    rows = {"decision latency": Measured(40.0, "p50"), "generated JSON latency": Measured(2200.0, "p50")}
+    board = scoreboard(rows, "a CPU", ratio=Measured(7.5, "SmolLM2 hybrid, 4 cases"))
+    ratio = board["generated JSON latency / decision latency, one backbone"]
+    assert ratio.value == pytest.approx(7.5) and ratio.ours == "7.5x" and ratio.how == "SmolLM2 hybrid, 4 cases"
+    assert ratio.seed == f"{3679.8 / 191.4:.1f}x" == "19.2x"
     assert board.table().loc["decision latency", "ours"] == "40.0 ms"
     assert board.table().loc["generated JSON latency", "ours"] == "2,200 ms"
-    alone = scoreboard({"decision latency": Measured(40.0, "p50")}, "a CPU")  # one side only: no ratio to show
-    assert alone["generated JSON latency / decision latency"].ours == "not measured"
+    alone = scoreboard(rows, "a CPU")  # no one-backbone ratio measured: said, not computed across backbones
+    assert alone["generated JSON latency / decision latency, one backbone"].ours == "not measured"
     assert seed_value("distilled small model latency") == 25.0  # a quoted range's middle
 
 
@@ -73,3 +75,17 @@ def test_the_gpu_row_says_not_run_unless_a_gpu_run_is_saved(tmp_path):
 def test_a_figure_the_seed_never_published_is_refused():
     with pytest.raises(ValueError, match="no seed figure is named 'test acuracy'"):
         scoreboard({"test acuracy": Measured(0.7, "typo")}, "a CPU")
+
+
+def test_beside_sets_several_of_ours_beside_one_seed_figure():
+    from decisionkit.course.scoreboard import COLUMNS, beside
+
+    table = beside({"head alone": ("one more question on a shared encoding", Measured(0.029, "fitted slope")),
+                    "head + trees": ("one more question on a shared encoding", Measured(0.95, "fitted slope")),
+                    "ECE before": ("ECE before temperature scaling", Measured(0.1304, "2000 test decisions"))})
+    assert list(table.columns) == COLUMNS and list(table.index) == ["head alone", "head + trees", "ECE before"]
+    assert (table.loc[["head alone", "head + trees"], "seed"] == "~16 ms").all()
+    assert table.loc["head + trees", "ours"] == "0.950 ms" and table.loc["ECE before", "ours"] == "0.130"
+    assert table.loc["ECE before", "ours measured as"] == "2000 test decisions"
+    with pytest.raises(ValueError, match="no seed figure is named 'speed'"):
+        beside({"x": ("speed", Measured(1.0, "x"))})

@@ -189,3 +189,23 @@ def test_fit_structured_fits_a_hybrid_again(quick_model, splits):
     assert set(fit.scores.index.get_level_values("part")) == {"heads", "trees", "hybrid"}
     case = splits["validation"][0]
     assert set(model.decide(case.state, workflow=case.workflow)) == set(case.questions)
+
+
+def test_with_trees_mixes_any_part_at_the_hybrids_own_weights(quick_model, splits):
+    """``with_trees`` puts a part where the heads sit in the hybrid: the trees mixed with themselves are the trees,
+    and the heads mixed with them are w * heads + (1 - w) * trees at the model's weight per question."""
+    from decisionkit.training.trainer import part_answers, part_scores, with_trees
+
+    _, model = quick_model
+    cases = splits["test"].head(2)
+    parts = part_answers(model, cases)
+    mixes = with_trees(model, cases, parts)
+    assert set(mixes) == {"heads alone + trees", "trees alone + trees"}
+    scored = part_scores(model, cases)
+    assert mixes["trees alone + trees"].overall() == pytest.approx(scored["trees alone"].overall(), nan_ok=True)
+    case = cases[0]
+    qid = next(iter(case.questions))
+    w = model.structured.weights[case.workflow][qid]
+    expected = w * parts["heads alone"][0][qid] + (1 - w) * parts["trees alone"][0][qid]
+    row = mixes["heads alone + trees"].decisions.iloc[0]
+    assert row["question"] == qid and row["confidence"] == pytest.approx(expected.max())

@@ -119,6 +119,8 @@ def length_histogram(stats) -> go.Figure:
     fig = px.histogram(x=stats.lengths, color=stats.workflows, nbins=40, barmode="overlay", opacity=0.6,
                        labels={"x": "tokens per rendered state", "color": "workflow"}, template=TEMPLATE,
                        title=f"Token lengths ({stats.split} split)")
+    if stats.window is not None:
+        fig.add_vline(x=stats.window, line_dash="dash", annotation_text=f"window: {stats.window} tokens")
     return fig.update_layout(yaxis_title="cases")
 
 

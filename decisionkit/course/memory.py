@@ -9,6 +9,9 @@
   a model you do load (notebook 02 does this for SmolLM2).
 - ``core.environment.peak_rss_gb()`` (kept there, as training reports it too): the peak resident memory this process
   has measured so far, on Linux, macOS and Windows (what a CPU training run reports as its peak memory).
+- ``measure_step(preset)`` / ``measure_peaks(shape, setups)``: one training step of a setup run in a fresh Python
+  process, its memory just before the step and at the step's peak, beside ``estimate`` for the same setup. A peak
+  read in the notebook's own process is its lifetime high-water mark: whatever ran before counts in it.
 
 The activation count follows the tensors a Llama-style layer saves for its backward pass (Korthikanti et al.,
 2022, "Reducing Activation Recomputation in Large Transformer Models", adapted to SwiGLU and grouped-query
@@ -239,3 +242,136 @@ def compare(shapes=ASSUMED_SHAPES, setup: TrainingSetup = TrainingSetup(), refer
     """Estimates for ``shapes`` beside the quoted figures (``QUOTED_PEAK_GB`` unless ``references`` is given)."""
     return MemoryComparison([estimate(s, setup) for s in shapes],
                             dict(QUOTED_PEAK_GB if references is None else references))
+
+
+# --- measured: one training step of a setup, in a fresh process ---------------------------------------------------
+
+@dataclass
+class MeasuredStep:
+    """One optimizer step of a preset (``trainer.step_cost``, as training runs it), in a fresh Python process: what
+    the process held before the step and at the step's peak. On a CPU, resident memory: ``before_gb`` just before
+    the step, ``peak_gb`` its high-water mark reset there (Linux; elsewhere the process's lifetime peak), and
+    ``lifetime_peak_gb`` the child's ``ru_maxrss``, loading included. On a GPU, ``torch.cuda`` allocated bytes."""
+
+    name: str
+    device: str
+    trainable: int  # parameters the step updates
+    tokens: int  # tokens the step read
+    seconds: float
+    before_gb: float
+    peak_gb: float
+    lifetime_peak_gb: float
+
+    @property
+    def step_gb(self) -> float:
+        """What the step added on top of what was loaded: the adapters' gradients and optimizer state, and the
+        activations (the terms of ``estimate`` besides the base weights)."""
+        return self.peak_gb - self.before_gb
+
+
+def step_setup(p, device: str = "cpu") -> TrainingSetup:
+    """The ``TrainingSetup`` of one micro-batch of preset ``p``: its cases at up to its window (times its cap on
+    windows), its LoRA, 4-bit base in qlora mode, 4-byte values on a CPU (float32) and 2 on a GPU (bf16)."""
+    return TrainingSetup(batch_size=p.micro_batch, seq_len=p.features.max_length * p.features.max_windows,
+                         lora=p.lora, quant=QuantSettings() if p.mode == "qlora" else None,
+                         value_bytes=4 if device == "cpu" else 2, gradient_checkpointing=p.gradient_checkpointing)
+
+
+def measure_step(name: str, timeout: float = 900, **overrides) -> MeasuredStep:
+    """Run one optimizer step of ``preset(name, **overrides)`` in a fresh Python process and read its memory
+    (``MeasuredStep``): a peak read in this process would count whatever ran here before. ``overrides`` are preset
+    fields given as JSON values (``max_length`` sets the window and reads one window a case)."""
+    import json
+    import subprocess
+    import sys
+
+    spec = json.dumps({"name": name, "overrides": overrides})
+    done = subprocess.run([sys.executable, "-c", f"from {__name__} import _step_here; _step_here({spec!r})"],
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the step of {name!r} failed in its process:\n{done.stderr[-2000:]}")
+    return MeasuredStep(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _resident_gb(field_name: str) -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field_name)) * 1024 / GB
+
+
+def _step_here(spec: str) -> None:
+    """The child of ``measure_step``: one step, memory noted just before it (the trainer's step, wrapped)."""
+    import json
+    import sys
+    import warnings
+
+    import torch
+
+    from ..core.environment import peak_rss_gb
+    from ..training import trainer
+
+    warnings.filterwarnings("ignore")
+    spec = json.loads(spec)
+    p = step_preset(spec["name"], **spec["overrides"])
+    cuda = torch.cuda.is_available()
+    linux = sys.platform.startswith("linux")
+    marks = {}
+    step = trainer.optimizer_step
+
+    def noted(*args, **kwargs):
+        if cuda:
+            marks["before"] = torch.cuda.memory_allocated() / GB
+            torch.cuda.reset_peak_memory_stats()
+        elif linux:
+            marks["before"] = _resident_gb("VmRSS")
+            with open("/proc/self/clear_refs", "w") as clear:  # resets VmHWM to the current resident memory
+                clear.write("5")
+        return step(*args, **kwargs)
+
+    trainer.optimizer_step = noted
+    cost = trainer.step_cost(p, steps=1, warmup=0)
+    lifetime = peak_rss_gb()
+    peak = torch.cuda.max_memory_allocated() / GB if cuda else _resident_gb("VmHWM") if linux else lifetime
+    print(json.dumps({"name": p.name, "device": "cuda" if cuda else "cpu", "trainable": cost.trainable,
+                      "tokens": int(cost.tokens[0]), "seconds": cost.seconds[0],
+                      "before_gb": marks.get("before", float("nan")), "peak_gb": peak, "lifetime_peak_gb": lifetime}))
+
+
+@dataclass
+class StepMemory:
+    """Measured steps beside ``estimate`` for the same setups (``measure_peaks``)."""
+
+    rows: pd.DataFrame
+
+    def table(self) -> pd.DataFrame:
+        return self.rows.round(3)
+
+
+def step_preset(name: str, **overrides):
+    """``preset(name, **overrides)``, where ``max_length`` sets the window and reads one window a case."""
+    from dataclasses import replace
+
+    from ..training.presets import preset
+
+    max_length = overrides.pop("max_length", None)
+    p = preset(name, **overrides)
+    if max_length is not None:
+        p = replace(p, features=replace(p.features, max_length=max_length, max_windows=1))
+    return p
+
+
+def measure_peaks(shape: ModelShape, setups: dict[str, dict]) -> StepMemory:
+    """For each setup (label -> ``{"preset": name, **overrides}``, as ``measure_step`` takes them): one step measured
+    in its own fresh process, beside ``estimate(shape, step_setup(...))`` of the same setup."""
+    rows = {}
+    for label, setup in setups.items():
+        overrides = {k: v for k, v in setup.items() if k != "preset"}
+        measured = measure_step(setup["preset"], **overrides)
+        guess = estimate(shape, step_setup(step_preset(setup["preset"], **overrides), measured.device))
+        rows[label] = {"trainable parameters": measured.trainable, "tokens in the step": measured.tokens,
+                       "step (s)": measured.seconds, "estimate: base weights (GB)": guess.terms["base weights"],
+                       "estimate: the step adds (GB)": guess.total_gb - guess.terms["base weights"],
+                       "estimate: total (GB)": guess.total_gb,
+                       "measured: before the step (GB)": measured.before_gb,
+                       "measured: the step adds (GB)": measured.step_gb, "measured: step peak (GB)": measured.peak_gb,
+                       "measured: process peak, loading included (GB)": measured.lifetime_peak_gb}
+    return StepMemory(pd.DataFrame.from_dict(rows, orient="index"))

@@ -4,29 +4,33 @@
 learned query per question) in place of the fixed mean, last or max.
 
 A probe is the decision model's own heads (one linear softmax layer per workflow and question, soft-gold
-cross-entropy) trained on fixed features, standardized with train statistics (``fitting.fit_heads``). The L2
-strength and the step are picked on the held-out cases the probe is scored on (the validation split here; training
-picks them on a dev slice of train instead), so a probe's score is a comparison between settings, not a test score.
+cross-entropy) trained on fixed features, standardized with train statistics (``fitting.fit_heads``). As training
+does, the L2 strength and the step are picked on a dev slice of train (``DEV_SHARE`` of each workflow's cases,
+``cases.dev_slice``), the heads are then refitted from zero on all of train with that choice
+(``fitting.refit_heads``), and the cases the probe is scored on are read once, for the score. A probe's score is
+still a comparison between settings on the validation split, not a test score.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..data.cases import Split
+from ..data.cases import Split, dev_slice
 from ..data.metrics import Scores, score, wilson_interval
 from ..model.features import Features, TokenStates, extract_features, standardization
-from ..model.fitting import fit_heads
+from ..model.fitting import fit_heads, refit_heads
 from ..model.heads import HeadSet, calibrated, group_rows
 from ..model.output import DecisionOutput
 from ..model.token_head import TokenHeadSpec, fit_token_head, token_head_probabilities
 
 L2_GRID = (1e-3, 3e-3, 1e-2)  # L2 strengths tried; about 280 train cases per question
 STEPS = 400  # full-batch steps per L2 strength, as training's stage 1
+DEV_SHARE = 0.25  # share of each workflow's train cases held out to pick the L2 strength and the step
 
 
 @dataclass
@@ -36,7 +40,7 @@ class ProbeResult:
     name: str
     l2: float
     scores: Scores
-    history: pd.DataFrame = field(repr=False)  # validation loss along training, per L2 strength
+    history: pd.DataFrame = field(repr=False)  # loss on the picking cases along training, per L2 strength
 
     def row(self) -> dict:
         by_type = self.scores.summary("type")["accuracy"]
@@ -47,18 +51,33 @@ class ProbeResult:
 
 
 def linear_probe(train_x: np.ndarray, train: Split, val_x: np.ndarray, validation: Split, name: str = "probe",
-                 l2_grid=L2_GRID, steps: int = STEPS) -> ProbeResult:
-    """Fit soft-label linear heads on ``train`` features and score them on ``validation`` (picking L2 there)."""
+                 l2_grid=L2_GRID, steps: int = STEPS, dev_share: float | None = DEV_SHARE) -> ProbeResult:
+    """Fit soft-label linear heads on ``train`` features and score them once on ``validation``.
+
+    The L2 strength and the step are picked on a dev slice of ``train`` (``dev_share`` of each workflow's cases),
+    then the heads are refitted on all of ``train``. ``dev_share=None`` picks them on ``validation`` itself: only
+    for a curve of held-out loss (``learning_curve``), never for a score."""
+    if dev_share is None:
+        fit, held, fit_x, held_x = train, validation, train_x, val_x
+    else:
+        counts = pd.Series(train.case_workflows).value_counts()
+        fit, held = dev_slice(train, {w: max(1, round(dev_share * n)) for w, n in counts.items()})
+        position = {i: k for k, i in enumerate(train.ids)}
+        fit_x, held_x = (train_x[[position[i] for i in split.ids]] for split in (fit, held))
+    mean, std = standardization(fit_x)
+    fx, hx = (torch.as_tensor((x - mean) / std, dtype=torch.float32) for x in (fit_x, held_x))
+    heads = HeadSet(train.schema(), fx.shape[1])
+    fit_result = fit_heads(heads, fit, held, fx, hx, l2_grid=l2_grid, steps=steps, progress=False)
     mean, std = standardization(train_x)
-    tx = torch.as_tensor((train_x - mean) / std, dtype=torch.float32)
+    if dev_share is not None:  # the choice is made: the dev cases are training data too
+        heads = HeadSet(train.schema(), fx.shape[1])
+        refit_heads(heads, train, torch.as_tensor((train_x - mean) / std, dtype=torch.float32), fit_result.recipe)
     vx = torch.as_tensor((val_x - mean) / std, dtype=torch.float32)
-    heads = HeadSet(train.schema(), tx.shape[1])
-    fit = fit_heads(heads, train, validation, tx, vx, l2_grid=l2_grid, steps=steps, progress=False)
     rows = group_rows(validation.case_workflows)
     with torch.no_grad():
         output = DecisionOutput(vx, validation.case_workflows, heads.read(vx, rows), rows)
     probabilities = [{qid: calibrated(z).double().numpy() for qid, z in logits.items()} for logits in output.per_case()]
-    return ProbeResult(name, fit.recipe.l2, score(validation, probabilities), pd.DataFrame(fit.history))
+    return ProbeResult(name, fit_result.recipe.l2, score(validation, probabilities), pd.DataFrame(fit_result.history))
 
 
 @dataclass
@@ -94,7 +113,8 @@ class ProbeComparison:
 
 def compare_probes(train_features: Features, train: Split, val_features: Features, validation: Split,
                    settings: list[tuple[str, int | None]], l2_grid=L2_GRID, steps: int = STEPS) -> ProbeComparison:
-    """One probe per (pooling, layer) setting, all trained on ``train`` and scored on ``validation``."""
+    """One probe per (pooling, layer) setting, all trained on ``train`` (picking on its dev slice) and scored once on
+    ``validation``."""
     if train_features.ids != train.ids or val_features.ids != validation.ids:
         raise ValueError("features and cases are not aligned: extract the features from these same splits")
     results = []
@@ -131,11 +151,27 @@ def pooling_comparison(backbone, train: Split, validation: Split, settings=None,
     return comparison
 
 
+def pooling_by_backbone(comparisons: dict[str, ProbeComparison]) -> pd.DataFrame:
+    """Validation accuracy of the last, mean and max pooling of each backbone's last layer, one column per backbone
+    (``comparisons``: backbone -> its ``pooling_comparison``), and the spread between its best and worst pooling."""
+    columns = {}
+    for backbone, comparison in comparisons.items():
+        fixed = {}
+        for r in comparison.results:
+            match = re.fullmatch(r"(last|mean|max) pooling, layer (\d+)", r.name)
+            if match:
+                fixed[(match[1], int(match[2]))] = r.scores.overall()["accuracy"]
+        last = max(layer for _, layer in fixed)
+        column = {pooling: fixed[(pooling, last)] for pooling, _ in POOLING_SETTINGS}
+        columns[f"{backbone} (layer {last})"] = {**column, "spread (best - worst)": max(column.values()) - min(column.values())}
+    return pd.DataFrame(columns).round(3)
+
+
 def learned_pooling(train_states: TokenStates, train: Split, validation_states: TokenStates, validation: Split,
                     spec: TokenHeadSpec = TokenHeadSpec()) -> ProbeResult:
     """A token head (``token_head.py``: attention over one layer's token states, a learned query per question)
     trained on ``train`` and scored on ``validation``: pooling learned, beside the fixed poolings' probes on the same
-    cases. Nothing is picked on ``validation`` here (the spec is fixed), where the probes pick their L2 on it."""
+    cases. Nothing is picked here (the spec is fixed); the probes pick their L2 on a dev slice of ``train``."""
     head = fit_token_head(train.schema(), train_states, train, spec, progress=False)
     answers = token_head_probabilities(head, validation_states, validation)
     return ProbeResult(f"learned pooling (attention), layer {train_states.layer}", float("nan"),
@@ -174,7 +210,7 @@ def learning_curve(model, train: Split, held_out: Split, per_workflow=(35, 70, 1
     for n in per_workflow:
         subset = train if n is None else train.head(n)
         index = [train.ids.index(i) for i in subset.ids]
-        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid, steps=steps)
+        result = linear_probe(train_x[index], subset, held_x, held_out, l2_grid=l2_grid, steps=steps, dev_share=None)
         best = result.history.loc[result.history["val_loss"].idxmin()]
         overall = result.scores.overall()
         rows.append({"train cases": len(subset), "accuracy": overall["accuracy"], "kl": overall["kl"],

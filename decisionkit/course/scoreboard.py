@@ -6,11 +6,14 @@ its figures, each with where it states them and why this course's differs (quote
 place).
 
 - ``Measured(value, how)``: one figure of this course's run, with how it was measured (what, on how many cases).
-- ``scoreboard(measured, machine, gpu_run)``: a ``Scoreboard``, one row per seed figure in ``SEED``'s order (a figure
-  nothing measured says so), the ratio of the two latencies the seed set against each other, and the ``gpu`` row:
+- ``scoreboard(measured, machine, gpu_run, ratio)``: a ``Scoreboard``, one row per seed figure in ``SEED``'s order (a
+  figure nothing measured says so), the ratio of the two latencies the seed set against each other beside ours on
+  one backbone (``ratio``), and the ``gpu`` row:
   the course's ``gpu`` preset is the seed's recipe, and the row says "not run" unless ``gpu_run`` names a saved run of
   it (``find_run``). ``Scoreboard.table()`` is the table, ``markdown()`` the same rendered (a notebook shows it as a
   Markdown table).
+- ``beside(rows)``: a few seed figures beside this run's, in the notebook that teaches them (04's ECE, 06's cost of
+  one more question), in the scoreboard's columns.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from ..data.seed import SEED
 
 GPU_PRESET = "gpu"  # the course's preset of the seed's recipe (training.presets)
 
-# The seed set these two against each other on one backbone; the scoreboard sets ours the same way.
+# The seed set these two against each other on one backbone; ours is measured the same way, on one backbone and the
+# same cases (its own Measured: the rows of the two figures hold the main model's decide call, on another backbone).
 RATIO = ("generated JSON latency", "decision latency")
-RATIO_REASON = ("the seed's two timings share its 4B backbone; ours set SmolLM2-135M's generation against the MiniLM "
-                "hybrid's decide call, so the ratio holds the change of backbone as well as the change of method")
+RATIO_REASON = ("both set one backbone's generated JSON against its own decide call, on the same cases: the seed's "
+                "4B, ours SmolLM2-135M (the hybrid notebook 05 trains); the ratio moves with the reply's length in "
+                "tokens and with what one generated token costs against one whole pass on each machine")
 
 
 def seed_value(figure: str) -> float:
@@ -96,6 +101,19 @@ class Scoreboard:
         return self.markdown()
 
 
+def beside(rows: Mapping[str, tuple[str, Measured]]) -> pd.DataFrame:
+    """Seed figures beside this run's, where a lesson teaches them: ``rows`` maps a row's label to (the name of a
+    ``SEED`` figure, this run's ``Measured``); several of this run's figures may stand beside one seed figure. The
+    columns are the scoreboard's."""
+    table = {}
+    for label, (figure, m) in rows.items():
+        if figure not in SEED:
+            raise ValueError(f"no seed figure is named {figure!r}; expected one of {', '.join(SEED)}")
+        seed = SEED[figure]
+        table[label] = [seed.quoted, seed.source, _shown(m.value, seed.unit, seed.decimals), m.how, seed.reason]
+    return pd.DataFrame.from_dict(table, orient="index", columns=COLUMNS)
+
+
 def find_run(preset_name: str, roots: Iterable[str | Path]) -> Path | None:
     """The first saved run folder under any of ``roots`` (each a folder of run folders) trained with preset
     ``preset_name``, read from its ``report.json`` (a run report) or its ``history.json`` (a trained model); None if
@@ -138,10 +156,12 @@ def _gpu_row(gpu_run: Path | None) -> Row:
                value)
 
 
-def scoreboard(measured: Mapping[str, Measured], machine: str, gpu_run: str | Path | None = None) -> Scoreboard:
+def scoreboard(measured: Mapping[str, Measured], machine: str, gpu_run: str | Path | None = None,
+               ratio: Measured | None = None) -> Scoreboard:
     """Every figure of ``SEED`` beside ``measured[figure]`` (a figure left out shows "not measured"), the ratio of
-    the seed's generated-JSON latency to its decision latency beside ours (when both are measured), and the ``gpu``
-    row (``gpu_run``: a saved run of the ``gpu`` preset, from ``find_run``; None: "not run")."""
+    the seed's generated-JSON latency to its decision latency beside ``ratio`` (ours, timed on one backbone and the
+    same cases as the seed's were; None: "not measured"), and the ``gpu`` row (``gpu_run``: a saved run of the
+    ``gpu`` preset, from ``find_run``; None: "not run")."""
     unknown = sorted(set(measured) - set(SEED))
     if unknown:
         raise ValueError(f"no seed figure is named {', '.join(map(repr, unknown))}; expected one of {', '.join(SEED)}")
@@ -150,10 +170,10 @@ def scoreboard(measured: Mapping[str, Measured], machine: str, gpu_run: str | Pa
         m = measured.get(name, Measured(None, "not measured in this run"))
         rows.append(Row(name, seed.quoted, seed.source, _shown(m.value, seed.unit, seed.decimals), m.how, seed.reason,
                         m.value))
-    top, bottom = (measured.get(name) for name in RATIO)
     seed_ratio = seed_value(RATIO[0]) / seed_value(RATIO[1])
-    ours = top.value / bottom.value if top and bottom and top.value and bottom.value else None
-    rows.append(Row(f"{RATIO[0]} / {RATIO[1]}", f"{seed_ratio:.1f}x", "the ratio of the seed's two latencies",
-                    _shown(ours, "x", 1), "the ratio of our two latencies above", RATIO_REASON, ours))
+    ratio = ratio or Measured(None, "not measured in this run")
+    rows.append(Row(f"{RATIO[0]} / {RATIO[1]}, one backbone", f"{seed_ratio:.1f}x",
+                    "the ratio of the seed's two latencies", _shown(ratio.value, "x", 1), ratio.how, RATIO_REASON,
+                    ratio.value))
     rows.append(_gpu_row(None if gpu_run is None else Path(gpu_run)))
     return Scoreboard(rows, machine)

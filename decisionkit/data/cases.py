@@ -318,15 +318,18 @@ def load_typed_decisions(split: str = "train", data_dir: str | Path | None = Non
 
 @dataclass
 class LengthStats:
-    """Token lengths of a split's rendered states (latency and memory grow with them)."""
+    """Token lengths of a split's rendered states (latency and memory grow with them); with a ``window`` (the
+    tokens a backbone reads at once), how many states are longer and so read in more than one window."""
 
     split: str
     lengths: np.ndarray
     workflows: list[str] = field(repr=False)
+    window: int | None = None
 
     def table(self) -> pd.DataFrame:
         frame = pd.DataFrame({"workflow": self.workflows, "tokens": self.lengths})
         rows = {"all": frame["tokens"], **{w: g["tokens"] for w, g in frame.groupby("workflow")}}
+        over = {} if self.window is None else {"over window": lambda s: int((s > self.window).sum())}
         return pd.DataFrame(
             {
                 name: {
@@ -335,6 +338,7 @@ class LengthStats:
                     "median": float(s.median()),
                     "p95": float(np.percentile(s, 95)),
                     "max": int(s.max()),
+                    **{column: count(s) for column, count in over.items()},
                 }
                 for name, s in rows.items()
             }
@@ -346,8 +350,9 @@ class LengthStats:
         return length_histogram(self)
 
 
-def token_lengths(split: Split, tokenizer) -> LengthStats:
+def token_lengths(split: Split, tokenizer, window: int | None = None) -> LengthStats:
     """Count the tokens of every rendered case in ``split``, past the backbone's maximum too (``verbose=False``: the
-    tokenizer's warning about a sequence longer than that is for inputs fed to the model, and this one is not)."""
+    tokenizer's warning about a sequence longer than that is for inputs fed to the model, and this one is not);
+    ``window``: the tokens the backbone reads at once, counted against."""
     lengths = np.array([len(ids) for ids in tokenizer(split.texts, verbose=False)["input_ids"]])
-    return LengthStats(split.name, lengths, [c.workflow for c in split])
+    return LengthStats(split.name, lengths, [c.workflow for c in split], window)

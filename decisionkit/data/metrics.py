@@ -134,7 +134,7 @@ def score(cases: Split, predictions: list[dict[str, np.ndarray]], confidences: l
     return Scores(pd.DataFrame(rows), ece_bins)
 
 
-PAIRED_METRICS = ("accuracy", "kl", "brier", "ece")  # what paired_difference compares
+PAIRED_METRICS = ("accuracy", "kl", "brier", "ece", "ece_confidence")  # what paired_difference compares
 
 
 def case_rows(cases) -> list[np.ndarray]:
@@ -161,22 +161,27 @@ def accuracy_interval(scores: Scores, level: float = 0.95, resamples: int = 2000
 def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", resamples: int = 2000,
                       level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``after`` minus ``before`` on the same decisions: the difference in ``metric`` (one of ``PAIRED_METRICS``;
-    ``ece`` over ``before``'s bins) and its percentile bootstrap interval at ``level``. Cases are resampled, the
-    same cases for both, not decisions: a case's questions share one state, so they are not independent draws
-    (``scipy.stats.bootstrap`` over case indices; no interval, NaN, from one case)."""
+    ``ece`` and ``ece_confidence``, the confidence field's over the decisions that carry one, over ``before``'s
+    bins) and its percentile bootstrap interval at ``level``. Cases are resampled, the same cases for both, not
+    decisions: a case's questions share one state, so they are not independent draws (``scipy.stats.bootstrap``
+    over case indices; no interval, NaN, from one case)."""
     if metric not in PAIRED_METRICS:
         raise ValueError(f"metric is {metric!r}; expected one of {', '.join(PAIRED_METRICS)}")
     key = ["case", "question"]
     a, b = (s.decisions.set_index(key).sort_index() for s in (before, after))
     if not a.index.equals(b.index):
         raise ValueError("the two Scores hold different decisions: score both on the same cases")
-    if metric == "ece":
-        (conf_a, right_a), (conf_b, right_b) = ((d["confidence"].to_numpy(float), d["correct"].to_numpy(float))
+    if metric in ("ece", "ece_confidence"):  # the top probability's, or the confidence field's where one is carried
+        column = "confidence" if metric == "ece" else "answer_confidence"
+        (conf_a, right_a), (conf_b, right_b) = ((d[column].to_numpy(float), d["correct"].to_numpy(float))
                                                 for d in (a, b))
 
+        def ece(confidence, correct, picked):
+            kept = picked[~np.isnan(confidence[picked])]
+            return expected_calibration_error(confidence[kept], correct[kept], before.ece_bins)
+
         def difference(picked):
-            return (expected_calibration_error(conf_b[picked], right_b[picked], before.ece_bins)
-                    - expected_calibration_error(conf_a[picked], right_a[picked], before.ece_bins))
+            return ece(conf_b, right_b, picked) - ece(conf_a, right_a, picked)
     else:
         column = "correct" if metric == "accuracy" else metric
         delta = b[column].to_numpy(float) - a[column].to_numpy(float)
@@ -195,7 +200,7 @@ def paired_difference(before: Scores, after: Scores, metric: str = "accuracy", r
 def unpaired_difference(first: Scores, second: Scores, metric: str = "accuracy", resamples: int = 2000,
                         level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
     """``second`` minus ``first`` on different cases (two splits: a test split and tickets written by other people,
-    say): the difference in ``metric`` (one of ``PAIRED_METRICS``; ``ece`` over ``first``'s bins) and its percentile
+    say): the difference in ``metric`` (one of ``PAIRED_METRICS``; an ECE over ``first``'s bins) and its percentile
     bootstrap interval at ``level``. Each side's cases are resampled on their own, a case's decisions together
     (``scipy.stats.bootstrap``, unpaired, over case indices; no interval, NaN, when a side has one case)."""
     if metric not in PAIRED_METRICS:
@@ -205,13 +210,15 @@ def unpaired_difference(first: Scores, second: Scores, metric: str = "accuracy",
 
     def side(scores: Scores):
         d = scores.decisions
-        column = "correct" if metric in ("accuracy", "ece") else metric
-        values, confidence = d[column].to_numpy(float), d["confidence"].to_numpy(float)
+        column = "correct" if metric in ("accuracy", "ece", "ece_confidence") else metric
+        values = d[column].to_numpy(float)
+        confidence = d["answer_confidence" if metric == "ece_confidence" else "confidence"].to_numpy(float)
         rows = case_rows(d["case"])
 
         def value(cases) -> float:
             picked = np.concatenate([rows[k] for k in cases])
-            if metric == "ece":
+            if metric in ("ece", "ece_confidence"):
+                picked = picked[~np.isnan(confidence[picked])]
                 return expected_calibration_error(confidence[picked], values[picked], first.ece_bins)
             return float(values[picked].mean())
         return value, len(rows)

@@ -58,9 +58,9 @@ SEED: dict[str, SeedFigure] = {s.figure: s for s in (
                "the confidence field's; the probabilities' temperatures are fitted to the teacher's spread, notebook "
                "04)",
                decimals=3),
-    SeedFigure("decision latency", 191.0, "ms", "191 ms", f"{_RUN}: latency",
+    SeedFigure("decision latency", 191.4, "ms", "191.4 ms", f"{_RUN}: latency",
                f"{_CPU}, and a 22.7M-parameter encoder against 4B parameters"),
-    SeedFigure("generated JSON latency", 3680.0, "ms", "3,680 ms", f"{_RUN}: latency",
+    SeedFigure("generated JSON latency", 3679.8, "ms", "3,679.8 ms", f"{_RUN}: latency",
                f"{_CPU}; SmolLM2-135M generates (MiniLM cannot), the seed generated with its own 4B backbone",
                decimals=0),
     SeedFigure("one more question on a shared encoding", 16.0, "ms", "~16 ms", f"{_RUN}: latency",
@@ -74,15 +74,16 @@ SEED: dict[str, SeedFigure] = {s.figure: s for s in (
                "measures it on the whole off-domain set), so 54.3% on one poem says little; what routes a poem is a "
                "distance-aware confidence and a threshold"),
     SeedFigure("ticket: team billing", 0.9997, "%", "99.97%", f"{_RUN}: examples",
-               "another model and training set: notebook 08's heads on frozen SmolLM2-135M features, fitted to the "
-               "scenario's few hundred tickets; one example's probability shows how sharp a model is, not how often "
-               "it is right (notebook 08 scores the test split)", decimals=2),
+               "another model and training set: notebook 08's calibrated heads on frozen MiniLM-L6 features (the main "
+               "model's recipe), fitted to the scenario's few hundred tickets; one example's probability shows how "
+               "sharp a model is, not how often it is right (notebook 08 scores the test split)", decimals=2),
     SeedFigure("ticket: priority high", 0.8931, "%", "89.31%", f"{_RUN}: examples",
                "as for the team: another model and training set; one example shows sharpness, not accuracy",
                decimals=2),
     SeedFigure("QC report: action pass", 0.0063, "%", "0.63%", f"{_RUN}: examples",
-               "notebook 08's heads on frozen SmolLM2-135M features, fitted to the scenario's few hundred QC reports, "
-               "against the seed's 4B fine-tune; one example shows sharpness, not accuracy", decimals=2),
+               "notebook 08's calibrated heads on frozen MiniLM-L6 features (the main model's recipe), fitted to the "
+               "scenario's few hundred QC reports, against the seed's 4B fine-tune; one example shows sharpness, not "
+               "accuracy", decimals=2),
     SeedFigure("QC report: action human review", 0.7721, "%", "77.21%", f"{_RUN}: examples",
                "as for pass: another model and training set; one example shows sharpness, not accuracy", decimals=2),
     SeedFigure("QC report: risk moderate", 0.847, "%", "84.7%", f"{_RUN}: examples",

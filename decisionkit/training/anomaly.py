@@ -6,7 +6,7 @@ worse than a coin off-domain). A distance in feature space can. The scores below
 
 - ``confidence``: the lowest ``confidence`` field of the case's answers, as clients receive them (low: route).
   With a router fitted the answers are distance-aware (below), so this one number carries both the heads'
-  uncertainty and the distance; ``raw confidence`` is the same from the heads alone.
+  uncertainty and the distance; ``raw confidence`` is the same without the distance weight.
 - ``msp``: 1 - the smallest max-softmax probability over the case's questions (calibrated; Hendrycks & Gimpel,
   2017). The per-question values are kept too.
 - ``entropy``: the mean entropy of the answers, each divided by log(options) so 1 means uniform.
@@ -193,6 +193,7 @@ class AnomalyReport:
     frames: dict[str, pd.DataFrame]  # set name -> one row per input: id, kind, workflow, every score
     router: Router
     real: str  # the name of the set of real (in-domain) inputs
+    names: tuple[str, str] = ("the hybrid", "the hybrid, distance-aware")  # answer_names of the model scored
 
     def all_scores(self) -> pd.DataFrame:
         return pd.concat([f.assign(set=name) for name, f in self.frames.items()], ignore_index=True)
@@ -221,12 +222,12 @@ class AnomalyReport:
             columns={"size": "inputs", "mean": "sent to a human"})
 
     def confidence_table(self, *others: str) -> pd.DataFrame:
-        """The heads alone (``raw confidence``) against the distance-aware answers (``confidence``), both at the
-        router's one threshold on confidence: AUROC against each set of ``others``, the share of each sent to a
+        """The model's answers without the distance weight (``raw confidence``) against the distance-aware ones
+        (``confidence``), named as ``answer_names``, both at the router's one threshold on confidence: AUROC against each set of ``others``, the share of each sent to a
         human, and the share of in-domain inputs answered."""
         rows = {}
-        for label, s in (("heads alone (raw confidence)", "raw confidence"), ("distance-aware (confidence)",
-                                                                              "confidence")):
+        for label, s in ((f"{self.names[0]} (raw confidence)", "raw confidence"),
+                         (f"{self.names[1]} (confidence)", "confidence")):
             inside = self.frames[self.real][s]
             row = {f"{o} AUROC": self.separation(o).loc[s, "AUROC"] for o in others}
             row.update({f"{o} sent to a human": float((self.frames[o][s] < self.router.threshold).mean())
@@ -255,7 +256,8 @@ class AnomalyReport:
 
 
 def routing_table(model, states: dict[str, object], workflow: str) -> pd.DataFrame:
-    """One row per named state: the lowest confidence of the heads alone and of the distance-aware answers, the
+    """One row per named state: the lowest confidence of the answers without the distance weight (``raw
+    confidence``) and of the distance-aware ones, the
     distance, the weight it leaves the heads, and the router's verdict."""
     rows = {}
     for name, state in states.items():
@@ -266,13 +268,20 @@ def routing_table(model, states: dict[str, object], workflow: str) -> pd.DataFra
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def answer_names(model) -> tuple[str, str]:
+    """The names of ``model``'s answers without and with the distance weight: "the hybrid" and "the hybrid,
+    distance-aware" (a model without trees: "heads alone" and "heads alone, distance-aware")."""
+    name = "heads alone" if model.structured is None else "the hybrid"
+    return name, f"{name}, distance-aware"
+
+
 def in_domain_calibration(model, cases: Split) -> pd.DataFrame:
-    """Accuracy, KL, Brier and ECE on ``cases`` of the heads alone and of the distance-aware answers: what the
-    distance costs real inputs."""
+    """Accuracy, KL, Brier and ECE on ``cases`` of the answers without and with the distance weight (rows named
+    by ``answer_names``): what the distance costs real inputs."""
     from ..data.metrics import score
 
     rows = {label: score(cases, *model.outputs(cases, raw=raw)).overall()
-            for label, raw in (("heads alone", True), ("distance-aware", False))}
+            for label, raw in zip(answer_names(model), (True, False))}
     return pd.DataFrame.from_dict(rows, orient="index")[["accuracy", "kl", "brier", "ece", "ece_confidence"]]
 
 
@@ -287,5 +296,5 @@ def evaluate_scores(model, real: Split, *others: Inputs) -> AnomalyReport:
         frame.insert(1, "kind", inputs.kinds)
         frame.insert(2, "workflow", inputs.workflows)
         frames[inputs.name] = frame
-    return AnomalyReport(frames, model.router, real.name)
+    return AnomalyReport(frames, model.router, real.name, answer_names(model))
 

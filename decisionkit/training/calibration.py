@@ -164,6 +164,17 @@ def refuse_routed(model) -> None:
                          "fit the router again)")
 
 
+def uncalibrated(model, heads_alone: bool = False):
+    """``model`` as it stood before calibration, changed in place and returned: temperatures 1 and no router (its
+    threshold was set on the calibrated confidence, so it goes with them: ``refuse_routed``). ``heads_alone`` also
+    drops a hybrid's trees, so that temperatures act on one part's probabilities (the heads alone)."""
+    model.temperatures = Temperatures()
+    model.router = None
+    if heads_alone:
+        model.structured = None
+    return model
+
+
 def calibrate(model, validation: Split, *others: Split, per_type: bool = True, target: str = "both",
               bounds: tuple[float, float] = BOUNDS) -> CalibrationReport:
     """Fit temperatures on ``validation`` and set them on ``model``; score ``validation`` and ``others`` (the test

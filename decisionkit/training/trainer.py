@@ -96,17 +96,31 @@ def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, f
     return StructuredFit(pd.concat(frames, names=["part", "workflow"]), weights)
 
 
-def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
-    """A hybrid's parts scored apart on ``cases``: the heads alone and the trees alone, neither calibrated (the
-    parts a hybrid is measured against: it should beat both)."""
+def part_answers(model: DecisionModel, cases: Split) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Each case's answer distributions from a hybrid's parts apart: the heads alone and the trees alone, neither
+    calibrated."""
     features = model.split_features(cases)
     rows = group_rows(cases.case_workflows)
     with torch.no_grad():
         heads = DecisionOutput(features, cases.case_workflows, model.heads.read(features, rows), rows).per_case()
+    return {"heads alone": [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
+                            for h in heads],
+            "trees alone": model.structured.answers(cases)}
+
+
+def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
+    """A hybrid's parts scored apart on ``cases`` (``part_answers``): the parts a hybrid is measured against, it
+    should beat both."""
+    return {name: score(cases, answers) for name, answers in part_answers(model, cases).items()}
+
+
+def with_trees(model: DecisionModel, cases: Split, parts: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Scores]:
+    """Each of ``parts`` (name -> each case's answer distributions, e.g. ``part_answers``' heads or a token head)
+    mixed with the hybrid's trees at the hybrid's own weights per question, uncalibrated: "NAME + trees". The same
+    weights for every part, so the rows differ by the part alone."""
     trees = model.structured.answers(cases)
-    return {"heads alone": score(cases, [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
-                                         for h in heads]),
-            "trees alone": score(cases, trees)}
+    return {f"{name} + trees": score(cases, mixed(cases, answers, trees, model.structured.weights))
+            for name, answers in parts.items()}
 
 
 @dataclass
