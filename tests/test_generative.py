@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decisionkit.core.precision import Precision
-from decisionkit.course.ab import DECISION, RATIO_COLUMNS, ZERO_SHOT, ab_test, case_interval, how_trained
+from decisionkit.course.ab import DECISION, RATIO_COLUMNS, ZERO_SHOT, ab_test, how_trained
 from decisionkit.course.generative import (
     ComputeDtype,
     answer_schema,
@@ -19,7 +19,7 @@ from decisionkit.course.generative import (
     training_cost,
 )
 from decisionkit.data.cases import Split
-from decisionkit.data.metrics import case_rows, score
+from decisionkit.data.metrics import case_interval, case_rows, score
 from decisionkit.model.heads import Temperatures
 
 

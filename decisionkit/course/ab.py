@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..core.precision import Precision
 from ..data.cases import Split
-from ..data.metrics import Scores, case_rows, expected_calibration_error, score
+from ..data.metrics import Scores, case_interval, case_rows, expected_calibration_error, score
 from ..data.seed import SEED
 from .generative import WARMUP, ComputeDtype, GenerativeResult, generative_baseline, option_scoring
 from .latency import Timing, median_ratio, tail_percentile, time_calls
@@ -37,20 +37,6 @@ def how_trained(model) -> str:
     if model.router is not None:
         done.append("routed")
     return "yes: " + ", ".join(done)
-
-
-def case_interval(rows: list[np.ndarray], statistic, level: float = 0.95, resamples: int = 2000,
-                  seed: int = 0) -> tuple[float, float]:
-    """The percentile bootstrap interval at ``level`` of ``statistic(positions)`` with the cases resampled, each with
-    all its rows (``rows``: each case's positions, ``metrics.case_rows``); NaN bounds from one case. Drawn here, not
-    by ``scipy.stats.bootstrap``: a statistic equal on every draw (no reply of a method right) is its own interval."""
-    if len(rows) < 2:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    drawn = [statistic(np.concatenate([rows[i] for i in rng.integers(0, len(rows), len(rows))]))
-             for _ in range(resamples)]
-    low, high = np.percentile(drawn, [50 * (1 - level), 50 * (1 + level)])
-    return float(low), float(high)
 
 
 def _joined(dtypes: pd.Series) -> str:

@@ -144,6 +144,20 @@ def case_rows(cases) -> list[np.ndarray]:
     return [np.flatnonzero(codes == k) for k in range(codes.max() + 1)]
 
 
+def case_interval(rows: list[np.ndarray], statistic, level: float = 0.95, resamples: int = 2000,
+                  seed: int = 0) -> tuple[float, float]:
+    """The percentile bootstrap interval at ``level`` of ``statistic(positions)`` with the cases resampled, each with
+    all its rows (``rows``: each case's positions, ``case_rows``); NaN bounds from one case. Drawn here, not
+    by ``scipy.stats.bootstrap``: a statistic equal on every draw (no reply of a method right) is its own interval."""
+    if len(rows) < 2:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    drawn = [statistic(np.concatenate([rows[i] for i in rng.integers(0, len(rows), len(rows))]))
+             for _ in range(resamples)]
+    low, high = np.percentile(drawn, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
 def accuracy_interval(scores: Scores, level: float = 0.95, resamples: int = 2000,
                       seed: int = 0) -> tuple[float, float, float]:
     """The accuracy of ``scores`` and its percentile bootstrap interval at ``level``, the cases resampled with all
