@@ -163,6 +163,14 @@ def test_questions_per_row_or_for_several_workflows():
     assert set(data.schema) == {"meals", "travel"}
 
 
+def test_a_score_level_is_read_by_its_number_or_its_text():
+    rows = [{"state": "x", "approve": 1, "route": "auto", "risk": risk}
+            for risk in (2, "2", "high", " High ", '{"some": 0.25, "high": 0.75}')]
+    cases = load_decisions(rows, SCHEMA, min_train=0, carve=False).rows
+    assert [c.gold["risk"].label for c in cases] == ["2"] * 5
+    assert cases[4].gold["risk"].probabilities.tolist() == [0.0, 0.25, 0.75, 0.0]
+
+
 def bad_csv(tmp_path, text):
     path = tmp_path / "claims.csv"
     path.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -175,6 +183,9 @@ def bad_csv(tmp_path, text):
     ([{"id": "a", "state": "x", "approve": "true", "route": "sales", "risk": 0}],
      r"row 1: field 'route' is 'sales'; expected one of \['auto', 'manager', 'audit'\]"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "auto", "risk": 4}], r"field 'risk' is 4; expected one of"),
+    ([{"id": "a", "state": "x", "approve": "true", "route": "auto", "risk": "extreme"}],
+     r"field 'risk' is 'extreme'; expected one of \['0', '1', '2', '3'\] \(a level's number or its text: 0 = 'low', "
+     r"1 = 'some', 2 = 'high', 3 = 'severe'\)"),
     ([{"id": "a", "state": "x", "approve": "true", "route": {"auto": 0.5, "manager": 0.2}, "risk": 0}],
      "row 1: field 'route' sums to 0.700000; expected 1"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "auto"}],

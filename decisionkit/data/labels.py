@@ -99,6 +99,9 @@ def _hard_key(question: Question, label: Any) -> str | None:
         key = label.strip()
         if question.type == "noul":
             key = {"0": "false", "1": "true"}.get(key, key.lower())
+        if question.type == "score" and key not in question.options:  # a level named by its text ("moderate")
+            named = [o for o, text in zip(question.options, question.descriptions) if text.strip().lower() == key.lower()]
+            key = named[0] if len(named) == 1 else key
         return key if key in question.options else None
     return None
 
@@ -121,7 +124,7 @@ def gold_from_label(question: Question, label: Any, where: str, field_name: str 
         if "probabilities" in label:  # the benchmark's gold object: its own reader, its stored label kept
             return Gold.from_json(question, label, where)
         label = {str(k): scalar(v) for k, v in label.items()}
-        if question.type == "noul":
+        if question.type in ("noul", "score"):  # true/false, 0/1; a score's levels by their text too
             label = {_hard_key(question, k) or k: v for k, v in label.items()}
         unknown = sorted(set(label) - set(question.options))
         if unknown:
@@ -133,7 +136,10 @@ def gold_from_label(question: Question, label: Any, where: str, field_name: str 
                         f"(one of {list(question.options)}, or a distribution over them)")
     key = _hard_key(question, label)
     if key is None:
-        hint = " (or true/false, 0/1)" if question.type == "noul" else ""
+        hint = (" (or true/false, 0/1)" if question.type == "noul" else
+                " (a level's number or its text: " + ", ".join(f"{o} = {d!r}" for o, d in
+                                                        zip(question.options, question.descriptions)) + ")"
+                if question.type == "score" else "")
         raise DataError(f"{where}: field '{name}' is {label!r}; expected one of {list(question.options)}{hint} or a "
                         "distribution over them")
     probs = np.zeros(len(question.options))
