@@ -136,10 +136,8 @@ def gold_from_label(question: Question, label: Any, where: str, field_name: str 
                         f"(one of {list(question.options)}, or a distribution over them)")
     key = _hard_key(question, label)
     if key is None:
-        hint = (" (or true/false, 0/1)" if question.type == "noul" else
-                " (a level's number or its text: " + ", ".join(f"{o} = {d!r}" for o, d in
-                                                        zip(question.options, question.descriptions)) + ")"
-                if question.type == "score" else "")
+        levels = ", ".join(f"{o} = {d!r}" for o, d in zip(question.options, question.descriptions))
+        hint = {"noul": " (or true/false, 0/1)", "score": f" (a level's number or its text: {levels})"}.get(question.type, "")
         raise DataError(f"{where}: field '{name}' is {label!r}; expected one of {list(question.options)}{hint} or a "
                         "distribution over them")
     probs = np.zeros(len(question.options))
