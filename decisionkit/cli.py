@@ -5,11 +5,17 @@
   threshold, evaluate on test (and the off-domain set), score the zero-shot baseline on a validation sample, and
   write ``runs/demo/`` (model, report.json, report.md).
 - ``decisionkit train --data PATH [--schema FILE] [--preset NAME] --out DIR``: the same on your own decisions (a CSV,
-  JSONL, JSON or parquet file, or a folder; ``decisionkit.train(data, out=..., schema=..., preset=...)`` is the same
-  code), written to DIR only once it is whole. ``decisionkit evaluate DIR``: the saved model on the test rows it
-  kept (``--data`` scores other data, ``--split`` another of its splits).
+  TSV, JSONL, JSON or parquet file, or a folder, in any shape an export has: the reading flags ``READING``;
+  ``decisionkit.train(data, out=..., schema=..., preset=..., **reading)`` is the same code), written to DIR only once
+  it is whole, and never into a folder of other files. ``decisionkit evaluate DIR``: the saved model on the test
+  rows it kept (``--data`` scores other data, leaving out the rows it trained on; ``--split`` another of its splits).
+- ``decisionkit predict DIR --data FILE --out answers.jsonl|.csv``: answers for a file of new rows;
+  ``decisionkit export DIR DEST``: the model alone, without the rows it was trained on.
 - ``decisionkit pooling``: the pooling comparison of notebook 01 on a sample.
 - ``decisionkit decide RUN < request.json`` and ``decisionkit serve RUN``: the System One API (see ``serving/app.py``).
+
+A user's mistake (``core.errors.UserError``: bad data, a folder that must not be written, a missing extra) is one line
+and exit status 2; anything else is a bug and shows its traceback (``DECISIONKIT_DEBUG=1``: every error does).
 """
 
 from __future__ import annotations
@@ -25,11 +31,24 @@ from pathlib import Path
 from ._version import __version__
 from .core import settings
 from .core.atomic import write_text
-from .core.extras import MissingExtra, needs_extra
+from .core.errors import UserError
+from .core.extras import needs_extra
 from .serving.config import Batching, Limits
 
 # Parsing the command line imports nothing heavy (no torch, pandas or safetensors: `decisionkit --help` answers at
 # once, and a machine with the core install alone can ask it); each command imports what it runs.
+
+# how an export's columns are read (``data.rows.Reading``): flag -> help
+READING = {
+    "workflow": "the workflow of rows that name none (default: 'decisions'; never the file's name, so renaming the "
+                "export changes nothing)",
+    "state_columns": "build the state from these columns, a,b,c (default: the 'state' or 'text' column, else every "
+                     "column that is not an id, workflow, split or label)",
+    "text_column": "read this column as the state, as text",
+    "id_column": "the column of the rows' ids (default: 'id'; with none, each row's id is a hash of its state)",
+    "ignore_columns": "columns to leave out, a,b",
+    "delimiter": "a CSV's delimiter (default: found from its rows among , ; tab |)",
+}
 
 # what `train` can shrink in a preset, and how each option says it
 SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workflow": "validation cases per workflow",
@@ -38,19 +57,26 @@ SIZES = {"train_per_workflow": "train cases per workflow", "validation_per_workf
 
 
 def _write_json(path: Path, payload: dict) -> None:
-    write_text(path, json.dumps(payload, indent=2, default=str))
+    write_text(path, json.dumps(payload, indent=2, default=str, ensure_ascii=False))
+
+
+def reading_of(args) -> dict:
+    """The reading flags given (``rows.Reading``: how an export's columns are read) as keyword arguments."""
+    return {name: getattr(args, name) for name in READING if getattr(args, name, None) is not None}
 
 
 def run_training(args):
     """The train / demo commands: ``pipeline.train`` with the command's options, printed as it goes."""
     from .training.pipeline import train
     from .training.presets import DEFAULT_PRESET, preset
+    from .training.run_folder import check_out
     from .training.trainer import decisions_of
 
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
     args.preset = args.preset or DEFAULT_PRESET
     p = preset(args.preset, **sizes)
-    data = decisions_of(p, args.data, getattr(args, "schema", None))  # read and checked before anything trains
+    check_out(args.out)  # before the data is read: a folder of the user's files is refused at once
+    data = decisions_of(p, args.data, getattr(args, "schema", None), **reading_of(args))  # read and checked first
     print(f"data: {data.summary()}")
     print(f"training preset {args.preset}{''.join(f', {k}={v}' for k, v in sizes.items())} into {args.out}")
     return train(data, args.out, preset=p, zero_shot=args.zero_shot, resume=not args.restart,
@@ -60,8 +86,9 @@ def run_training(args):
 def cmd_train(args) -> int:
     report = run_training(args)
     print(report.card())
-    print(f"\nwrote {args.out}/ (model, data.json, test.jsonl, report.json, report.md); serve it with "
-          f"`decisionkit serve {args.out}`")
+    print(f"\nwrote {args.out}/ (the model; data.json, rows.json and test.jsonl: what it was trained on and its test "
+          f"rows; report.json, report.md); serve it with `decisionkit serve {args.out}`, ship it without your rows "
+          f"with `decisionkit export {args.out} DEST`")
     return 0
 
 
@@ -74,16 +101,39 @@ def cmd_demo(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .training.trainer import evaluate
+    from .training.evaluation import evaluate
 
-    scores = evaluate(args.run, args.split, args.data, args.schema)
-    what = args.data or ("the test rows it kept" if args.split == "test" else f"its recorded {args.split} split")
-    print(f"{args.run} on {what}: {len(scores.decisions)} decisions")
+    scores = evaluate(args.run, args.split, args.data, args.schema, **reading_of(args))
+    print(f"{args.run}: {scores.note()}; {len(scores.decisions)} decisions")
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
-    _write_json(Path(args.run) / f"eval-{args.split}.json",
-                {"split": args.split, "data": str(args.data) if args.data else "recorded",
-                 **{k: float(v) for k, v in scores.overall().items()}})
+    out = Path(args.run).expanduser() / scores.output_name
+    _write_json(out, {"split": args.split, "data": str(args.data) if args.data else "recorded",
+                      "scored": scores.scored, "rows": scores.rows, "left out": scores.left_out,
+                      **{k: float(v) for k, v in scores.overall().items()}})
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .model.predict import check_output, predict, write_predictions
+
+    check_output(args.out, args.overwrite)  # before any answer: a file that is there stays unless --overwrite
+    frame = predict(args.run, args.data, skip_bad=args.skip_bad, batch_size=args.batch_size,
+                    progress=not args.quiet, **reading_of(args))
+    for row in frame.attrs["skipped"]:
+        print(f"skipped {row['where']}: {row['error']}", file=sys.stderr)
+    path = write_predictions(frame, args.out, overwrite=args.overwrite)
+    routed = f"; {int((frame['verdict'] == 'human').sum())} routed to a human" if "verdict" in frame else ""
+    print(f"answered {len(frame)} rows of {args.data}{routed}; skipped {len(frame.attrs['skipped'])}; wrote {path}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .model.saving import export
+
+    dest = export(args.run, args.dest)
+    print(f"wrote {dest}/: the model alone, without the rows it was trained on; load it or serve it as the run")
     return 0
 
 
@@ -149,6 +199,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def add_reading(sub) -> None:
+    """The reading flags (``READING``) on a command that reads an export."""
+    for name, help_text in READING.items():
+        sub.add_argument(f"--{name.replace('_', '-')}", default=None, metavar="NAME" if "column" in name else None,
+                         help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="decisionkit", description="Decision models: train, evaluate, demo.")
     parser.add_argument("--version", action="version", version=f"decisionkit {__version__}")
@@ -168,13 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
                               "heads on MiniLM-L6 features averaged with trees on a JSON state's fields)")
         if name == "train":
             sub.add_argument("--data", default=None, metavar="PATH",
-                             help="your decisions: a .csv, .jsonl, .json or .parquet file, or a folder (schema.json "
-                                  "and one examples file, or train.jsonl and test.jsonl); default: the preset's own "
-                                  f"dataset (typed-decisions from ${settings.DATA_ENV} or the hub)")
+                             help="your decisions: a .csv, .tsv, .jsonl, .json or .parquet file (gzipped too), or a "
+                                  "folder (schema.json and one examples file, or train.jsonl and test.jsonl); "
+                                  "scenario:NAME for a project scenario; default: the preset's own dataset "
+                                  f"(typed-decisions from ${settings.DATA_ENV} or the hub)")
+            add_reading(sub)
             sub.add_argument("--schema", default=None, metavar="FILE",
                              help="the questions as System One JSON, {question: {...}} or {workflow: {question: ...}}"
                                   " (default: the folder's schema.json, or each row's questions)")
-            sub.add_argument("--out", required=True, help="folder for the model, its data record and its report")
+            sub.add_argument("--out", required=True,
+                             help="folder for the model, its data record and its report: a new or empty folder, or "
+                                  "an earlier model's (only its own files are replaced); any other folder is refused")
             for size, help_text in SIZES.items():
                 sub.add_argument(f"--{size.replace('_', '-')}", type=int, metavar="N",
                                  help=f"{help_text} (default: the preset's)")
@@ -191,10 +252,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--split", default="test", choices=["train", "validation", "test"],
                      help="which split (default test; validation and train are read again from the recorded source)")
     sub.add_argument("--data", default=None, metavar="PATH",
-                     help="score other data instead: any source `train --data` reads, or a scenario's name; its "
-                          "--split when its rows name splits, else every row")
+                     help="score other data instead: any source `train --data` reads, or scenario:NAME; its "
+                          "--split when its rows name splits, else every row; rows the model trained or calibrated "
+                          "on are left out, and counted")
     sub.add_argument("--schema", default=None, metavar="FILE", help="the questions of --data (default: the model's)")
+    add_reading(sub)
     sub.set_defaults(handler=cmd_evaluate)
+
+    sub = commands.add_parser("predict", help="answer a file of new rows: a JSONL or CSV of answers and verdicts")
+    sub.add_argument("run", help="folder of a saved model")
+    sub.add_argument("--data", required=True, metavar="PATH",
+                     help="the rows to answer, in any shape `train --data` reads (labels not needed)")
+    sub.add_argument("--out", required=True, metavar="FILE",
+                     help="answers.jsonl ({id, answers, routing} a line) or answers.csv (a column per answer field)")
+    add_reading(sub)
+    sub.add_argument("--skip-bad", action="store_true",
+                     help="leave out a row that cannot be answered, and name it (default: refuse before any answer)")
+    sub.add_argument("--overwrite", action="store_true", help="write over --out if it exists")
+    sub.add_argument("--batch-size", type=int, default=16, metavar="N", help="states per forward pass")
+    sub.add_argument("--quiet", action="store_true", help="no progress bar")
+    sub.set_defaults(handler=cmd_predict)
+
+    sub = commands.add_parser("export", help="write a run's model alone, without the rows it was trained on")
+    sub.add_argument("run", help="folder of a trained run")
+    sub.add_argument("dest", help="a new folder for the model")
+    sub.set_defaults(handler=cmd_export)
 
     sub = commands.add_parser("decide", help="answer one System One request read from standard input")
     sub.add_argument("run", help="folder of a saved model")
@@ -241,19 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with needs_extra(f"decisionkit {args.command}"):
             return args.handler(args)
-    except Exception as err:
-        if not isinstance(err, _user_errors()):
+    except (UserError, PermissionError) as err:  # a user's mistake (or a folder they may not write): one line
+        if settings.debug():
             raise
-        print(f"decisionkit: error: {err}", file=sys.stderr)  # a user's mistake: the message, no traceback
+        print(f"decisionkit: error: {err}", file=sys.stderr)
         return 2
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    """What a command reports in one line: bad data, questions or backbones, a missing file or extra. (DataError and
-    QuestionError are ValueErrors.)"""
-    from .model.backbone import BackboneError
-
-    return BackboneError, MissingExtra, FileNotFoundError, ValueError
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from dataclasses import replace
 import pytest
 
 from decisionkit.cli import main
+from decisionkit.core.errors import RunError
 from decisionkit.model.decision_model import FeatureSpec
 from decisionkit.training import presets
 from decisionkit.training.pipeline import run_report
@@ -49,7 +50,7 @@ def test_demo_trains_calibrates_routes_and_writes_the_report(tmp_path, capsys, t
     # a notebook reads a saved run of the same settings; a changed setting is refused, naming it, not read stale
     tiny = presets.preset("cpu-fast")
     assert run_report(tiny, out, reuse=True).training == reopened.training
-    with pytest.raises(ValueError, match=r"other settings \(head_steps, tree_rounds\)"):
+    with pytest.raises(RunError, match=r"other settings \(head_steps, tree_rounds\)"):
         run_report(replace(tiny, head_steps=21, tree_rounds=31), out, reuse=True)
 
 

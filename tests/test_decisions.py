@@ -13,12 +13,12 @@ from decisionkit.core import settings
 from decisionkit.data.cases import DataError, load_typed_decisions
 from decisionkit.data.decisions import (
     MIN_TRAIN_PER_WORKFLOW,
-    held_out_test_rows,
     held_out_validation_rows,
     load_decisions,
 )
 from decisionkit.data.labels import load_schema, load_schemas
 from decisionkit.data.scenarios import load_scenario
+from decisionkit.data.states import content_id
 
 SCHEMA = {
     "approve": {"type": "noul", "instructions": "Reimburse the claim as filed?"},
@@ -82,9 +82,13 @@ def test_every_source_kind_reads_the_same_cases(tmp_path):
     for source in (tmp_path / "claims.jsonl", tmp_path / "claims.json", tmp_path / "claims.parquet", folder):
         same(load_decisions(source, SCHEMA if source != folder else None), reference)
     for source in (frame, ROWS, Dataset.from_pandas(frame)):
-        same(load_decisions(source, SCHEMA, workflow="claims"), reference)
-    assert reference.schema == {"claims": load_schema(SCHEMA)}  # the workflow is named after the file
-    assert reference.record["states"] == {"json": 60, "text": 0}  # the CSV cells were read as JSON objects
+        same(load_decisions(source, SCHEMA), reference)
+    # the workflow is 'decisions' unless named: never the file's name, so a renamed export reads the same
+    assert reference.schema == {"decisions": load_schema(SCHEMA)}
+    same(load_decisions(csv_path.rename(tmp_path / "next_month.csv"), SCHEMA), reference)
+    assert load_decisions(tmp_path / "next_month.csv", SCHEMA, workflow="claims").schema.keys() == {"claims"}
+    assert reference.record["states"] == {"json": 60, "text": 0, "numbers read from strings": 0,
+                                          "numbers missing (NaN)": 0}  # the CSV cells were read as JSON objects
     assert load_decisions(frame, SCHEMA).record["source"] == "in memory (DataFrame)"
     assert load_decisions(ROWS, SCHEMA)["train"].workflows == ["decisions"]  # in memory, no name given
 
@@ -93,15 +97,18 @@ def test_no_split_column_carves_validation_and_test_by_workflow_and_seed(tmp_pat
     rows = ROWS + [{**claim(i), "id": f"t{i}", "workflow": "travel"} for i in range(40)]
     data = load_decisions(rows, SCHEMA, workflow="meals")
     table = data.table()
-    assert table.loc["meals"].to_dict() == {"train": 60 - held_out_test_rows(60) - held_out_validation_rows(60 - held_out_test_rows(60)),
-                                            "validation": held_out_validation_rows(60 - held_out_test_rows(60)),
-                                            "test": held_out_test_rows(60)}
-    assert table.loc["travel", "test"] == 8 and table.loc["travel", "validation"] == 3  # a fifth; a tenth of the rest
-    assert "20% of each workflow held out" in data.record["split rule"] and "test" in data.summary()
+    for workflow, n in (("meals", 60), ("travel", 40)):  # test: about a fifth, row by row; validation: a tenth of the rest
+        test = table.loc[workflow, "test"]
+        assert 0.1 * n <= test <= 0.3 * n
+        assert table.loc[workflow, "validation"] == held_out_validation_rows(n - test)
+        assert table.loc[workflow].sum() == n
+    assert "test: each row held out with chance 20%" in data.record["split rule"] and "test" in data.summary()
     again = load_decisions(list(reversed(rows)), SCHEMA, workflow="meals")  # the order of the rows does not matter
     assert set(again["test"].ids) == set(data["test"].ids) and set(again["validation"].ids) == set(data["validation"].ids)
+    fewer = load_decisions(rows[::2], SCHEMA, workflow="meals", min_train=0)  # a filtered export: test stays test
+    assert set(fewer["test"].ids) == set(data["test"].ids) & set(fewer.rows.ids)
     other = load_decisions(rows, SCHEMA, workflow="meals", seed=7)
-    assert set(other["test"].ids) != set(data["test"].ids) and len(other["test"]) == len(data["test"])
+    assert set(other["test"].ids) != set(data["test"].ids)
     ids = [set(data[s].ids) for s in ("train", "validation", "test")]
     assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2]) and sum(map(len, ids)) == 100
 
@@ -112,7 +119,7 @@ def test_splits_given_are_kept_and_the_benchmark_layout_reads_as_the_benchmark(t
     assert [len(data[s]) for s in ("train", "validation", "test")] == [54, 3, 3]
     assert data.record["split rule"] == "as the data gives them"
     only_train = load_decisions([{**r, "split": "train"} for r in ROWS], SCHEMA)  # test and validation carved
-    assert len(only_train["test"]) == held_out_test_rows(60)
+    assert set(only_train["test"].ids) == set(load_decisions(ROWS, SCHEMA)["test"].ids)  # the same rule
     benchmark = load_decisions(settings.data_dir())
     for split in ("train", "validation", "test"):  # the benchmark's own validation rule: the same 80 cases
         assert benchmark[split].ids == load_typed_decisions(split).ids
@@ -148,7 +155,7 @@ def test_labels_hard_and_soft_in_every_form():
     assert gold[2] == {"approve": [0, 1], "route": [0, 1, 0], "risk": [0, 1, 0, 0]}
     assert gold[3]["approve"] == [1, 0] and gold[3]["risk"] == [0.5, 0.5, 0, 0]
     assert gold[4]["approve"] == [0.3, 0.7] and cases[4].gold["approve"].label == "true"
-    assert [c.id for c in cases] == ["1", "2", "3", "4", "5"]  # no id: the row's number
+    assert [c.id for c in cases] == [content_id(c.state) for c in cases]  # no id: a hash of the state
     assert all(isinstance(c.state, str) for c in cases)  # text states: the language model reads them alone
 
 
@@ -179,7 +186,7 @@ def bad_csv(tmp_path, text):
 
 @pytest.mark.parametrize("rows, message", [
     ([{"id": "a", "state": "x", "approve": "maybe", "route": "auto", "risk": 0}],
-     r"row 1: field 'approve' is 'maybe'; expected one of \['false', 'true'\] \(or true/false, 0/1\)"),
+     r"row 1: field 'approve' is 'maybe'; expected one of \['false', 'true'\] \(or yes/no, y/n, true/false, 1/0"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "sales", "risk": 0}],
      r"row 1: field 'route' is 'sales'; expected one of \['auto', 'manager', 'audit'\]"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "auto", "risk": 4}], r"field 'risk' is 4; expected one of"),
@@ -193,14 +200,14 @@ def bad_csv(tmp_path, text):
     ([{"id": "a", "state": 42, "approve": "true", "route": "auto", "risk": 0}],
      "row 1: field 'state' is int 42; expected a JSON object or text"),
     ([{"id": "a", "state": ["x"], "approve": "true", "route": "auto", "risk": 0}], "field 'state' is list"),
-    ([{"id": "a", "approve": "true", "route": "auto", "risk": 0}], "row 1: field 'state' is missing"),
+    ([{"id": "a", "approve": "true", "route": "auto", "risk": 0}], "row 1: the row has no state"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "auto", "risk": 0, "urgent": "true"}],
-     "row 1: field 'urgent' is not a question of the schema"),
+     "row 1: column 'urgent' is none of the id .* --ignore-columns urgent leaves it out"),
     ([{"id": "a", "state": "x", "approve": "true", "route": "auto", "risk": 0}] * 2,
      r"row 2: field 'id' 'a' is used twice \(first at row 1\)"),
     ([{"id": "a", "state": "x", "split": "dev", "approve": "true", "route": "auto", "risk": 0}],
      "row 1: field 'split' is 'dev'; expected one of train, validation, test"),
-    ([], "no rows; expected one labelled case a row"),
+    ([], "no rows; expected one case a row"),
 ])
 def test_bad_rows_name_the_row_and_the_field(rows, message):
     with pytest.raises(DataError, match=message):
@@ -212,7 +219,7 @@ def test_bad_files_and_too_few_rows_are_refused_before_training(tmp_path):
         load_decisions(bad_csv(tmp_path, "id,state,approve,route,risk\n"), SCHEMA)
     with pytest.raises(DataError, match=r"claims.csv: no rows"):
         load_decisions(bad_csv(tmp_path, ""), SCHEMA)
-    with pytest.raises(DataError, match="not a readable CSV: not UTF-8 text"):
+    with pytest.raises(DataError, match=r"claims.csv:2: not UTF-8 text \(byte 0xff\); save the file as UTF-8"):
         load_decisions(bad_csv(tmp_path, b"id,state\n\xff\xfe\x00garbage\n"), SCHEMA)
     with pytest.raises(DataError, match=r"claims.csv:2: the row has 6 cells; the header has 5 columns"):
         load_decisions(bad_csv(tmp_path, 'id,state,approve,route,risk\na,{"x": 1},true,auto,0,extra\n'), SCHEMA)
@@ -221,7 +228,7 @@ def test_bad_files_and_too_few_rows_are_refused_before_training(tmp_path):
         load_decisions(tmp_path / "claims.jsonl", SCHEMA)
     with pytest.raises(DataError, match="no questions: give a schema"):
         load_decisions(ROWS[:3], min_train=0)
-    with pytest.raises(DataError, match=rf"workflow 'claims' has \d+ train rows \(25 in all\); at least "
+    with pytest.raises(DataError, match=rf"workflow 'decisions' has \d+ train rows \(25 in all\); at least "
                                         rf"{MIN_TRAIN_PER_WORKFLOW} are needed .* give it 29 rows or more"):
         load_decisions(write_csv(tmp_path / "claims.csv", ROWS[:25]), SCHEMA)
     with pytest.raises(FileNotFoundError, match="not found"):

@@ -46,7 +46,7 @@ def test_csv_examples_with_text_and_a_distribution_in_a_cell(tmp_path):
                                            'a,train,refund please,billing,true,1\n'
                                            'b,train,"app crashes, help","{""tech"": 0.9, ""billing"": 0.1}",false,2\n')
     cases = load_decisions(tmp_path, min_train=0, carve=False).rows  # the folder's rows, none held out
-    assert [c.gold["team"].label for c in cases] == ["billing", "tech"] and cases.workflows == [tmp_path.name]
+    assert [c.gold["team"].label for c in cases] == ["billing", "tech"] and cases.workflows == ["decisions"]
     assert cases[1].gold["team"].probabilities.tolist() == [0.1, 0.9] and cases[1].state == "app crashes, help"
 
 

@@ -149,9 +149,14 @@ def test_a_json_encoded_state_is_read_as_its_object_as_training_reads_it(splits)
     assert as_string.state == case.state and as_string.text == as_object.text
     ticket = "{not json} my card was charged twice"  # text stays text, even starting with a brace
     assert checked(schema, ticket, workflow=case.workflow).state == ticket
-    from decisionkit.data.decisions import _state  # the loader's reading of a row's state
+    from decisionkit.data.states import read_state  # the loader's reading of a row's state
 
-    assert _state(json.dumps(case.state), "row 1") == (as_string.state, True)  # what training read, answering reads
+    assert read_state(json.dumps(case.state), "row 1") == (as_string.state, True)  # what training read, answering reads
+    # numbers stored as strings, numpy scalars and NaN: read alike by the loader and when answering
+    odd = {**case.state, "extra_amount": "184.50", "extra_count": np.int64(3), "extra_gap": math.nan}
+    read, _ = read_state(odd, "row 1")
+    assert checked(schema, odd, workflow=case.workflow).state == read
+    assert read["extra_amount"] == 184.5 and type(read["extra_count"]) is int and "extra_gap" not in read
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from decisionkit import settings
+from decisionkit._version import DISTRIBUTION
 from decisionkit.training.presets import preset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,12 +95,16 @@ def wheel(tmp_path_factory) -> Path:
     dist = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)], src,
          os.environ.copy(), 300)
-    [built] = dist.glob("decisionkit-*.whl")
+    [built] = dist.glob(f"{DISTRIBUTION.replace('-', '_')}-*.whl")
     return built
 
 
 def test_the_wheel_carries_every_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
+    [meta] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    # our own name on the package index (`decisionkit` there is another project), the import name decisionkit
+    assert f"Name: {DISTRIBUTION}\n" in zipfile.ZipFile(wheel).read(meta).decode()
+    assert "decisionkit/__init__.py" in names
     assert DATA_FILES and len(DATA_FILES) >= 10  # the scenarios, the off-domain sets, their READMEs and schemas
     missing = [f for f in DATA_FILES if f not in names]
     assert not missing, f"the wheel lacks package data {missing}; expected every file of decisionkit/scenario_data"
@@ -183,14 +188,23 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     assert checked["questions"] == ["contains_pii", "language", "priority", "sentiment", "team"]
     assert checked["team"] == "billing"  # "my credit card was charged twice, refund today"
 
+    # the model shipped without its rows, and a file of new tickets answered by it (the core has both commands)
+    _run([str(venv / "bin" / "decisionkit"), "export", "runs/tickets", "shipped"], work, env, 60)
+    assert sorted(p.name for p in (work / "shipped").iterdir()) == ["decisionkit.json", "heads.safetensors"]
+    (work / "new.csv").write_text("ticket\nmy card was charged twice\nthe app crashes on start\n", encoding="utf-8")
+    _run([str(venv / "bin" / "decisionkit"), "predict", "shipped", "--data", "new.csv", "--text-column", "ticket",
+          "--out", "answers.jsonl", "--quiet"], work, env, 120)
+    answered = [json.loads(line) for line in (work / "answers.jsonl").read_text().splitlines()]
+    assert [a["answers"]["team"]["choice"] for a in answered] == ["billing", "technical_support"]
+
     # without the extras: `--help` answers with no torch imported, and what needs an extra names it
     imported = _run([str(python), "-X", "importtime", "-m", "decisionkit", "--help"], work, env, 60).stderr
     heavy = {line.rsplit("|", 1)[-1].strip() for line in imported.splitlines()} & {"torch", "pandas", "safetensors"}
     assert not heavy, f"decisionkit --help imported {heavy}"
     served = subprocess.run([str(venv / "bin" / "decisionkit"), "serve", "runs/tickets"], cwd=work, env=env,
                             capture_output=True, text=True, timeout=120)
-    assert served.returncode == 2 and "pip install 'decisionkit[serve]'" in served.stderr, served.stderr
+    assert served.returncode == 2 and f"pip install '{DISTRIBUTION}[serve]'" in served.stderr, served.stderr
     plots = subprocess.run([str(python), "-c", "import decisionkit; decisionkit.plots"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=60)
-    assert plots.returncode == 1 and "pip install 'decisionkit[course]'" in plots.stderr, plots.stderr
+    assert plots.returncode == 1 and f"pip install '{DISTRIBUTION}[course]'" in plots.stderr, plots.stderr
     print(f"core wheel install, train and answer: {time.perf_counter() - started:.0f} s")

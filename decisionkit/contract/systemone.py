@@ -39,8 +39,10 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from ..core.answer_fields import answer_confidence
-from ..data.cases import json_state, render_state
+from ..core.errors import UserError
+from ..data.cases import render_state
 from ..data.questions import AnyQuestion, Contract, InvalidQuestion, JSONText, Question
+from ..data.states import json_state
 
 MAX_STATE_DEPTH = 64  # typed-decisions states nest about 5 deep; far deeper is a mistake or an attack
 
@@ -165,7 +167,7 @@ class HTTPValidationError(BaseModel):
 
 
 # ----- checking a request against a model ----------------------------------------------------------------------------
-class QuestionError(ValueError):
+class QuestionError(UserError, ValueError):
     """A request the model cannot answer as asked; ``loc`` is the field's path in the request."""
 
     def __init__(self, message: str, loc: Sequence[str | int] = (), kind: str = "value_error", given: Any = None):
@@ -305,7 +307,7 @@ def checked(schema: Mapping[str, Mapping[str, Question]], state: Any, questions:
     """``check`` a request's questions and workflow, and render its state: what ``DecisionModel.decide_checked``
     answers."""
     workflow, asked = check(schema, questions, workflow)
-    state = json_state(state)  # a JSON-encoded state is read as the object, as training read it
+    state = json_state(state)  # read as training read it: a JSON-encoded state as its object, numbers as numbers
     return Checked(state, workflow, asked, render_state(state, workflow))
 
 

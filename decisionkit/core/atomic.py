@@ -117,7 +117,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
 def write_text(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically."""
     with atomic_file(path) as scratch:
-        scratch.write_text(text)
+        scratch.write_text(text, encoding="utf-8")
     return Path(path)
 
 

@@ -13,13 +13,15 @@ import warnings
 import pandas as pd
 import torch
 
+from .._version import __version__
+
 GB = 1e9
-PACKAGES = ("decisionkit", "torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "plotly")
+PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "datasets", "plotly")
 
 
 def environment() -> dict[str, str]:
     """Versions of the packages the course uses, the device, and the CPU threads torch will use."""
-    info = {"python": platform.python_version(), "platform": platform.platform()}
+    info = {"python": platform.python_version(), "platform": platform.platform(), "decisionkit": __version__}
     for name in PACKAGES:
         try:
             info[name] = importlib.metadata.version(name)

@@ -1,6 +1,6 @@
 """The optional parts of the install, and the message a missing one gives.
 
-``pip install decisionkit`` installs the core: load a model, ``decide``, ``train`` on a CPU (torch, transformers,
+``pip install decisionkit-course`` (the distribution's name; the import name is ``decisionkit``) installs the core: load a model, ``decide``, ``train`` on a CPU (torch, transformers,
 safetensors, scikit-learn, pandas, pydantic). The rest are extras, each named for what it adds (``pyproject.toml``):
 
 - ``serve``: the HTTP server (FastAPI, uvicorn, LitServe)
@@ -21,6 +21,9 @@ import importlib.util
 from contextlib import contextmanager
 from typing import Iterator
 
+from .._version import DISTRIBUTION
+from .errors import UserError
+
 # an extra's top-level modules -> the extra
 EXTRA_OF = {
     **dict.fromkeys(["fastapi", "uvicorn", "litserve", "starlette"], "serve"),
@@ -31,7 +34,7 @@ EXTRA_OF = {
 }
 
 
-class MissingExtra(ImportError):
+class MissingExtra(UserError, ImportError):
     """A module of an extra that is not installed; the message says which extra brings it."""
 
 
@@ -43,7 +46,7 @@ def missing(err: ModuleNotFoundError, purpose: str) -> ImportError:
         return err
     extra = EXTRA_OF[module]
     return MissingExtra(f"{purpose} needs {module}, which the [{extra}] extra installs: "
-                        f"pip install 'decisionkit[{extra}]'")
+                        f"pip install '{DISTRIBUTION}[{extra}]'")
 
 
 @contextmanager

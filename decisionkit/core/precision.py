@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .errors import ModelFolderError, SettingError
+
 DTYPE_ENV = "DECISIONKIT_DTYPE"
 PROBE_SIZE = 512  # a 512x512 product: long enough to time, short enough to run on every start
 MIN_SPEEDUP = 1.2  # bfloat16 must beat float32 by this much to be worth its rounding
@@ -155,7 +157,7 @@ def _asked() -> str:
     """What ``DECISIONKIT_DTYPE`` asks for: auto, float32 or bfloat16."""
     asked = os.environ.get(DTYPE_ENV, "auto").strip().lower() or "auto"
     if asked not in ("auto", *ANSWER_TOLERANCE):
-        raise ValueError(f"{DTYPE_ENV} is {asked!r}; expected auto, float32 or bfloat16")
+        raise SettingError(f"{DTYPE_ENV} is {asked!r}; expected auto, float32 or bfloat16")
     return asked
 
 
@@ -176,7 +178,7 @@ def as_saved(device: str, saved: str | None) -> Precision:
     if saved is None:
         return choose(device)
     if saved not in ANSWER_TOLERANCE:
-        raise ValueError(f"the model was saved under compute dtype {saved!r}; expected float32 or bfloat16")
+        raise ModelFolderError(f"the model was saved under compute dtype {saved!r}; expected float32 or bfloat16")
     if saved == "bfloat16" and not has_bfloat16(device):
         return Precision(device, "float32", f"saved under bfloat16, which {device} runs without its own "
                                             "instructions (slowly): float32, within bfloat16's tolerance")

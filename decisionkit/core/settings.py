@@ -7,6 +7,7 @@ Every setting comes from an environment variable so that notebooks, tests and CI
   (default: ``~/.cache/decisionkit``).
 - ``DECISIONKIT_QUICK`` ``1`` shrinks notebook and demo sizes (same code path, smaller subsets).
 - ``TQDM_DISABLE``      ``1`` hides progress bars (tests and CI: nbval compares what cells write).
+- ``DECISIONKIT_DEBUG`` ``1``: the command line shows the traceback of every error, a user's mistake too.
 - ``DECISIONKIT_API_KEY`` the key ``decisionkit serve`` asks of every request (``Authorization: Bearer``), unless
   ``--api-key-file`` names a file holding it; unset, it asks none. Never on the command line: any local user reads
   the process list.
@@ -17,10 +18,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import SettingError
+
 DATA_ENV = "DECISIONKIT_DATA"
 CACHE_ENV = "DECISIONKIT_CACHE"
 QUICK_ENV = "DECISIONKIT_QUICK"
 API_KEY_ENV = "DECISIONKIT_API_KEY"
+DEBUG_ENV = "DECISIONKIT_DEBUG"
 
 
 def cache_dir() -> Path:
@@ -41,6 +45,11 @@ def flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes"}
 
 
+def debug() -> bool:
+    """True when ``DECISIONKIT_DEBUG`` asks the command line for the traceback of every error, a user's too."""
+    return flag(DEBUG_ENV)
+
+
 def quick_mode() -> bool:
     """True when ``DECISIONKIT_QUICK`` is set to a true value."""
     return flag(QUICK_ENV)
@@ -56,7 +65,7 @@ def api_key(file: str | Path | None = None) -> str | None:
     came out empty must not serve without a key), else ``DECISIONKIT_API_KEY``; None when that is unset or blank."""
     if file is None:
         return os.environ.get(API_KEY_ENV, "").strip() or None
-    lines = Path(file).expanduser().read_text().splitlines()
+    lines = Path(file).expanduser().read_text(encoding="utf-8").splitlines()
     if not lines or not lines[0].strip():
-        raise ValueError(f"{file} holds no API key: its first line is empty")
+        raise SettingError(f"{file} holds no API key: its first line is empty")
     return lines[0].strip()

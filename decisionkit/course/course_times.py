@@ -113,7 +113,7 @@ class CourseTimes:
 def course_times(path: str | Path) -> CourseTimes:
     """The runs recorded in ``path`` (a ``timings.json``); none recorded yet gives an empty table."""
     path = Path(path)
-    return CourseTimes(json.loads(path.read_text())["runs"] if path.is_file() else [])
+    return CourseTimes(json.loads(path.read_text(encoding="utf-8"))["runs"] if path.is_file() else [])
 
 
 def record(path: Path, run: dict) -> CourseTimes:
@@ -127,7 +127,7 @@ def record(path: Path, run: dict) -> CourseTimes:
 
 def update_readme(readme: Path, times: CourseTimes) -> None:
     """Rewrite the README's course time table between its two markers (a README without them is left alone)."""
-    text = readme.read_text()
+    text = readme.read_text(encoding="utf-8")
     if README_START not in text or README_END not in text:
         return
     head, rest = text.split(README_START, 1)
@@ -151,7 +151,7 @@ def run_course(folder: str | Path, readme: str | Path | None = None, resume: boo
            "date": datetime.date.today().isoformat(), "notebooks": {}}
     partial = folder / PARTIAL_FILE
     if resume and partial.is_file():
-        earlier = json.loads(partial.read_text())
+        earlier = json.loads(partial.read_text(encoding="utf-8"))
         if all(earlier[k] == run[k] for k in machine) and earlier["mode"] == run["mode"]:
             run = {**earlier, "resumed at": earlier.get("resumed at", []) + [
                 next(p.stem for p in notebooks if p.stem not in earlier["notebooks"])]}

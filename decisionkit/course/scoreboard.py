@@ -127,9 +127,9 @@ def find_run(preset_name: str, roots: Iterable[str | Path]) -> Path | None:
         for folder in sorted(p for p in root.iterdir() if p.is_dir()):
             try:
                 if (folder / REPORT_FILE).is_file():
-                    name = json.loads((folder / REPORT_FILE).read_text())["training"]["preset"]
+                    name = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))["training"]["preset"]
                 elif (folder / HISTORY_FILE).is_file():
-                    name = json.loads((folder / HISTORY_FILE).read_text())["preset"]["name"]
+                    name = json.loads((folder / HISTORY_FILE).read_text(encoding="utf-8"))["preset"]["name"]
                 else:
                     continue
             except (OSError, ValueError, KeyError, TypeError):
@@ -148,7 +148,7 @@ def _gpu_row(gpu_run: Path | None) -> Row:
     from ..model.saving import REPORT_FILE
 
     report = Path(gpu_run) / REPORT_FILE
-    value = json.loads(report.read_text())["test"]["accuracy"] if report.is_file() else None
+    value = json.loads(report.read_text(encoding="utf-8"))["test"]["accuracy"] if report.is_file() else None
     how = (f"run {Path(gpu_run).name}, trained with preset {GPU_PRESET}" if value is not None else
            f"run {Path(gpu_run).name} (preset {GPU_PRESET}) holds no run report yet")
     return Row(figure, seed.quoted, seed.source, _shown(value, "%", 1), how,

@@ -15,18 +15,20 @@ Nothing downstream may fit on ``test``.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from ..core import settings
+from ..core.errors import MissingFile
 from ..core.extras import needs_extra
 from .questions import QUESTION_TYPES, DataError, Question
 
@@ -138,20 +140,6 @@ def _decoded(value: Any, name: str, where: str) -> Any:
     return value
 
 
-def json_state(state: Any) -> Any:
-    """A string that holds a JSON object read as that object (a CSV cell, a log line, a request's JSON-encoded
-    state); anything else as it is. Training (``decisions.load_decisions``) and answering (``systemone.checked``)
-    both read states so: a model trained on a CSV of JSON cells reads the same fields, and the same text, whether a
-    request sends the state as an object or as the string the export held."""
-    if isinstance(state, str) and state.lstrip().startswith("{"):
-        try:
-            parsed = json.loads(state)
-        except json.JSONDecodeError:
-            return state
-        return parsed if isinstance(parsed, dict) else state
-    return state
-
-
 def render_state(state: Any, workflow: str | None = None) -> str:
     """Turn a workflow state into model input text: a workflow line, then the state as compact JSON.
 
@@ -236,19 +224,45 @@ class Split:
         return pd.DataFrame(rows).set_index("workflow")
 
 
-def jsonl_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
-    """``(file:line, parsed object)`` for every non-blank line of a JSON Lines file; a line that is not JSON
-    raises a DataError naming the file and the line."""
+def open_text(path: str | Path, newline: str | None = None) -> IO[str]:
+    """``path`` opened as UTF-8 text, a byte-order mark skipped (Excel and Windows tools write one), decompressed
+    when its name ends in ``.gz`` (any case)."""
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline=newline)
+    return path.open(encoding="utf-8-sig", newline=newline)
+
+
+def jsonl_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """``(file:line, parsed object)`` for every non-blank line of a JSON Lines file (``open_text``: UTF-8, a BOM
+    skipped, ``.gz`` read); a line that is not JSON, or not UTF-8, raises a DataError naming the file and the line."""
+    path = Path(path)
+    try:
+        with open_text(path) as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    yield where, json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+
+
+def not_utf8(path: Path, hint: str = "") -> DataError:
+    """The refusal of a file that is not UTF-8, naming the line and the first byte that is not (found again in the
+    whole file: a text reader decodes ahead of the line it gives)."""
+    with (gzip.open(path) if path.suffix.lower() == ".gz" else path.open("rb")) as handle:
+        data = handle.read()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        return DataError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save the file as UTF-8 "
+                         f"{hint}".rstrip())
+    return DataError(f"{path}: not UTF-8 text")
 
 
 def read_jsonl(path: str | Path) -> list[Case]:
@@ -300,13 +314,13 @@ def load_typed_decisions(split: str = "train", data_dir: str | Path | None = Non
     if folder is not None:
         path = folder / f"{upstream}.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: the typed-decisions folder needs train.jsonl and test.jsonl")
+            raise MissingFile(f"{path} not found: the typed-decisions folder needs train.jsonl and test.jsonl")
         cases, source = read_jsonl(path), str(path)
     else:
         try:
             cases, source = _read_hub(upstream)
         except Exception as err:  # offline, or the hub refused: say how to point at a local copy
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"typed-decisions not found: pass data_dir=..., or set {settings.DATA_ENV} to a folder with "
                 f"train.jsonl and test.jsonl, or go online to read {HUB_ID} from the hub ({err})"
             ) from err

@@ -1,48 +1,47 @@
 """Your own decisions, from whatever table holds them: one loader for every training path.
 
-``load_decisions(data, schema=None)`` reads the past cases of a workflow and what people decided about them, and
-returns a ``Decisions``: train, validation and test ``Split``s (what the trainer, the metrics and ``decide`` read),
-the questions of each workflow, and a ``record`` of what was read (the source, a hash of the rows, the rows per split
-and workflow, how many states were JSON, how the splits were made), which a trained model keeps beside itself.
+``load_decisions(data, schema=None, **reading)`` reads the past cases of a workflow and what people decided about
+them, and returns a ``Decisions``: train, validation and test ``Split``s (what the trainer, the metrics and ``decide``
+read), the questions of each workflow, and a ``record`` of what was read (the source, how it was read, a hash of the
+rows, the rows per split and workflow, how many states were JSON, how the splits were made), which a trained model
+keeps beside itself.
 
-Sources (``data``):
+Sources (``data``; ``tables.py`` reads them): a ``.csv`` (its delimiter found: ``,`` ``;`` tab ``|``), ``.tsv``,
+``.jsonl``, ``.json`` or ``.parquet`` file (any case, the text ones gzipped too, a UTF-8 BOM skipped); a folder
+(``schema.json`` beside one examples file, or the benchmark's ``train.jsonl`` and ``test.jsonl``); a pandas
+DataFrame, a list of dicts, a ``datasets.Dataset``.
 
-- a file: ``.jsonl`` (one object a line), ``.json`` (a list of objects), ``.csv``, ``.parquet``;
-- a folder: ``schema.json`` beside one examples file (``.jsonl``, ``.json``, ``.csv`` or ``.parquet``), or the
-  benchmark's own layout (``train.jsonl`` and ``test.jsonl``, rows with ``questions`` and ``gold``);
-- in memory: a pandas DataFrame, a list of dicts, a ``datasets.Dataset``.
+A row (``rows.py`` reads it; ``reading``: the options that say how, ``rows.Reading``): the state (a ``state``
+column holding a JSON object, one encoded in the cell, or text; a ``text`` column or ``text_column``: text;
+``state_columns``: a state of those columns; with none of these, a flat table: every column that is not an id,
+workflow, split or label is a field of the state), ``id`` (or ``id_column``; with none, a hash of the row's state,
+``states.content_id``, so re-sorting or filtering an export moves no row between splits), ``workflow`` (else
+``reading.workflow``, else ``decisions``), ``split`` (``train``, ``validation`` or ``test``), and a label for every
+question: a column named after it, or inside ``labels``, or the benchmark's ``gold``. A label is an option key; for a
+noul (yes/no) ``true``/``false``, ``yes``/``no``, ``y``/``n`` or ``1``/``0`` in any case, or a JSON boolean; for a
+score its level's number or text; or a distribution over options (``{"billing": 0.7, "sales": 0.3}``). The
+questions come from ``schema`` (a dict or a ``schema.json`` path, one workflow or several), a folder's
+``schema.json``, or each row's ``questions``. ``labelled=False`` reads rows to answer: labels not needed, and left
+out of the state.
 
-A row (a line, a CSV row, a dict):
+Splits. Rows that name their split keep it. When no row names a test split, each row is held out for test by
+itself, when a hash of ``seed`` and its id falls in the first ``TEST_SHARE`` of the hash's range (about a fifth of
+each workflow, at least one row): the same rows on every run and machine, and re-sorting, filtering or adding to an
+export never moves a row into or out of test. When none names validation, ``held_out_validation_rows(n)`` of each
+workflow's other rows are held out of train for it (a tenth, at most ``VALIDATION_PER_WORKFLOW``, the benchmark's own
+20: the lowest hashes); with the default seed the validation rows of typed-decisions are the benchmark's 80. Rows of
+one state and no id are held out together. Every workflow must keep ``MIN_TRAIN_PER_WORKFLOW`` train rows.
 
-- ``state``: the case as a JSON object or as text (``text`` is read as the state too). A string is parsed: if it
-  is a JSON object (as a CSV cell holds one), the state is that object, else the text itself. JSON states give
-  the hybrid's trees their fields; text states are read by the language model alone.
-- ``id`` (optional; else the row's number), ``workflow`` (optional; else one workflow named after the file or
-  folder, or ``workflow=``), ``split`` (optional: ``train``, ``validation`` or ``test``).
-- A label for every question: a key (or CSV column) named after the question, or inside ``labels``, or the
-  benchmark's ``gold`` object (``{question: {"probabilities": {...}}}``). A label is an option key; for a noul
-  (yes/no) ``true``/``false``, a JSON boolean or ``0``/``1``; for a score an integer level or its string; or a
-  distribution over options (``{"billing": 0.7, "sales": 0.3}``, options left out get 0; in a CSV cell, as JSON).
-- The questions: ``schema`` (a dict, or a ``schema.json`` path) in the System One question shape, for one workflow
-  (``{question: {...}}``) or several (``{workflow: {question: {...}}}``); a folder's ``schema.json``; or per row
-  (``questions``, as the benchmark's rows have them).
-
-Splits. Rows that name their split keep it. When no row names a test split, ``TEST_SHARE`` of each workflow's
-rows is held out for test; when none names validation, ``held_out_validation_rows(n)`` rows of each workflow are held out of
-train for it (at most ``VALIDATION_PER_WORKFLOW``, the benchmark's own 20). Both are chosen by a hash of ``seed`` and
-the row's id (stratified by workflow, deterministic whatever the row order); with the default seed the validation
-rows of typed-decisions are the benchmark's 80. Every workflow must keep ``MIN_TRAIN_PER_WORKFLOW`` train rows.
-
-The sources are read by ``tables.py``, the schema and the labels by ``labels.py``. Every refusal is a
-``DataError`` that names the row (file and line, or row number) and the field, before anything is trained: a label
-that is not an option, a distribution that does not sum to 1, a missing label, a state that is
-neither text nor an object, a question the schema lacks, a duplicate id, too few rows, an empty or unreadable file.
+Every refusal is a ``DataError`` that names the row (file and line, or row number) and the field, before anything is
+trained: a label that is not an option, a distribution that does not sum to 1, a missing label, a state that is
+neither text nor an object, a cell that begins like JSON and is not, a column nothing reads, a question the schema
+lacks, a duplicate id, too few rows, an empty or unreadable file. With ``skip_bad``, a bad row is left out instead and
+named in ``record["skipped"]`` (batch prediction's ``--skip-bad``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,17 +51,11 @@ from typing import Any, Iterable
 import pandas as pd
 
 from ..core import settings
-from .cases import (
-    VALIDATION_PER_WORKFLOW,
-    WORKFLOWS,
-    Case,
-    Split,
-    _hashed_ids,
-    json_state,
-    load_typed_decisions,
-)
-from .labels import gold_from_label, load_schemas, scalar
+from .cases import VALIDATION_PER_WORKFLOW, WORKFLOWS, Case, Split, load_typed_decisions
+from .labels import load_schemas
 from .questions import DataError, Question
+from .rows import Reading, Row, parse_row
+from .states import Normalized, canonical, content_id, state_digest
 from .tables import read_source
 
 SPLITS = ("train", "validation", "test")
@@ -70,8 +63,6 @@ TEST_SHARE = 0.2  # of each workflow's rows, held out for test when the data nam
 VALIDATION_SHARE = 0.1  # of each workflow's train rows, held out for validation when the data names none (at most
 # VALIDATION_PER_WORKFLOW, the benchmark's own 20 a workflow)
 MIN_TRAIN_PER_WORKFLOW = 20  # rows a workflow must keep in train: heads, a dev slice and trees need this many
-# the columns of a row that are not labels
-ROW_KEYS = ("id", "workflow", "split", "state", "text", "labels", "gold", "questions")
 
 
 @dataclass
@@ -82,6 +73,7 @@ class Decisions:
     schema: dict[str, dict[str, Question]]
     record: dict = field(default_factory=dict)
     rows: Split | None = None  # every row in the source's order, whatever its split (a file of new cases to score)
+    places: dict[str, str] = field(default_factory=dict)  # id -> where the row is (file and line), for messages
 
     def __getitem__(self, split: str) -> Split:
         return self.splits[split]
@@ -103,107 +95,24 @@ class Decisions:
         return counts.reindex(columns=[s for s in SPLITS if s in counts.columns])
 
     def summary(self) -> str:
-        """One line: where the data came from, the split sizes and how they were made, JSON against text states."""
+        """One line: where the data came from, the split sizes and how they were made, JSON against text states,
+        and what the reading changed (ids from content, numbers read from strings, a pandas index left out)."""
         sizes = ", ".join(f"{len(self.splits[s])} {s}" for s in SPLITS)
         states = self.record["states"]
+        notes = [note for note in (
+            "ids from each row's state" if self.record.get("ids") == "from the state" else "",
+            f"{states['numbers read from strings']} numbers read from strings" if states.get(
+                "numbers read from strings") else "",
+            "a pandas index column left out" if self.record.get("index column") is not None else "",
+        ) if note]
         return (f"{self.record['rows total']} rows from {self.record['source']} ({len(self.schema)} workflow(s)): "
-                f"{sizes} ({self.record['split rule']}); states: {states['json']} JSON, {states['text']} text")
+                f"{sizes} ({self.record['split rule']}); states: {states['json']} JSON, {states['text']} text"
+                + "".join(f"; {n}" for n in notes))
 
-
-# ----- rows ---------------------------------------------------------------------------------------------------------
-def _state(value: Any, where: str) -> tuple[Any, bool]:
-    """(state, read as JSON): an object stays one; a string holding a JSON object becomes that object; other text
-    stays text. Anything else is refused."""
-    value = json_state(scalar(value))
-    if isinstance(value, dict):
-        return value, True
-    if isinstance(value, str):
-        if not value.strip():
-            raise DataError(f"{where}: field 'state' is empty; every row needs the state the model reads")
-        return value, False
-    if value is None:
-        raise DataError(f"{where}: field 'state' is missing; every row needs a state (a JSON object or text)")
-    raise DataError(f"{where}: field 'state' is {type(value).__name__} {value!r}; expected a JSON object or text")
-
-
-def _json_field(value: Any, name: str, where: str) -> Any:
-    """A nested field (``questions``, ``labels``, ``gold``) that a CSV or parquet stores as a JSON string."""
-    value = scalar(value)
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: field '{name}' is a string that is not valid JSON ({err.msg})") from None
-    return value
-
-
-@dataclass
-class _Row:
-    where: str
-    id: str
-    workflow: str
-    split: str | None
-    state: Any
-    json_state: bool
-    questions: dict[str, Question]
-    labels: dict[str, tuple[Any, str]]  # question -> (the label as the row gave it, the field that held it)
-
-
-def _parse_row(raw: Any, where: str, number: int, schemas: dict[str | None, dict[str, Question]] | None,
-               workflow: str, splits: tuple[str, ...]) -> _Row:
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: a row must be an object (id?, workflow?, split?, state, labels), got "
-                        f"{type(raw).__name__}")
-    row = {str(k): v for k, v in raw.items()}
-    if "state" not in row and "text" not in row:
-        raise DataError(f"{where}: field 'state' is missing; every row needs a state (a JSON object or text)")
-    state, is_json = _state(row["state"] if "state" in row else row["text"], where)
-    case_id = scalar(row.get("id"))
-    case_id = str(number) if case_id is None or str(case_id).strip() == "" else str(case_id)
-    wf = scalar(row.get("workflow"))
-    wf = workflow if wf is None or str(wf).strip() == "" else str(wf)
-    split = scalar(row.get("split"))
-    split = None if split is None or str(split).strip() == "" else str(split).strip()
-    if split is not None and split not in splits:
-        raise DataError(f"{where}: field 'split' is {split!r}; expected one of {', '.join(splits)} (or none: the "
-                        "loader then holds out validation and test itself)")
-    given = row.get("questions")
-    if given is not None:
-        questions_json = _json_field(given, "questions", where)
-        if not isinstance(questions_json, dict) or not questions_json:
-            raise DataError(f"{where}: field 'questions' must be a non-empty object of question name -> question")
-        questions = {qid: Question.from_json(qid, q, where) for qid, q in questions_json.items()}
-    elif schemas is None:
-        raise DataError(f"{where}: no questions: give a schema (schema= or --schema, a schema.json beside the "
-                        "examples) or a field 'questions' in every row")
-    elif None in schemas:
-        questions = schemas[None]
-    elif wf in schemas:
-        questions = schemas[wf]
-    else:
-        raise DataError(f"{where}: field 'workflow' is {wf!r}; the schema has questions for {sorted(schemas)}")
-    if "labels" in row or "gold" in row:
-        key = "labels" if "labels" in row else "gold"
-        labels = _json_field(row[key], key, where)
-        if not isinstance(labels, dict):
-            raise DataError(f"{where}: field '{key}' must be an object of question name -> label")
-        prefix = f"{key}."
-        extra = sorted(set(labels) - set(questions))
-    else:
-        labels = {k: v for k, v in row.items() if k not in ROW_KEYS}
-        prefix = ""
-        extra = sorted(k for k in set(labels) - set(questions) if scalar(labels[k]) not in (None, ""))
-    if extra:
-        raise DataError(f"{where}: field {prefix + extra[0]!r} is not a question of the schema (its questions: "
-                        f"{', '.join(questions)}); a row holds id, workflow, split, state and one label per question")
-    return _Row(where, case_id, wf, split, state, is_json, questions,
-                {q: (labels.get(q), f"{prefix}{q}") for q in questions})
-
-
-def _case(row: _Row) -> Case:
-    gold = {qid: gold_from_label(q, label, row.where, name) for qid, q in row.questions.items()
-            for label, name in [row.labels[qid]]}
-    return Case(row.id, row.workflow, row.state, dict(row.questions), gold)
+    def digests(self) -> dict[str, list[str]]:
+        """Each split's states as digests (``states.state_digest``): how a model remembers the rows it was trained
+        on, and ``evaluate`` tells them from new ones."""
+        return {s: [state_digest(c.state) for c in split] for s, split in self.splits.items()}
 
 
 # ----- splits -------------------------------------------------------------------------------------------------------
@@ -213,15 +122,43 @@ def held_out_validation_rows(rows: int) -> int:
     return 0 if rows < 2 else max(1, min(VALIDATION_PER_WORKFLOW, round(VALIDATION_SHARE * rows)))
 
 
-def held_out_test_rows(rows: int) -> int:
-    """Test rows held out of a workflow's ``rows`` rows: a fifth, at least 1."""
-    return max(1, round(TEST_SHARE * rows))
+def _draw(salt: str, key: str) -> float:
+    """A number in [0, 1) drawn by the SHA-256 of ``salt`` and ``key``: the same for a row on every run and machine."""
+    return int(hashlib.sha256(f"{salt}{key}".encode()).hexdigest()[:16], 16) / 2**64
 
 
-def _carve(cases: list[Case], count, salt: str) -> set[str]:
-    """Ids of ``count(n)`` cases of each workflow (of n), chosen by the hash of ``salt`` and the id."""
-    per_workflow = Counter(c.workflow for c in cases)
-    return _hashed_ids(cases, {w: count(n) for w, n in per_workflow.items()}, salt)
+def _test_rows(cases: list[Case], salt: str, group: dict[str, str]) -> set[str]:
+    """Ids of the cases held out for test: each row by itself, when its group's draw (``_draw``) falls below
+    ``TEST_SHARE`` (about a fifth of each workflow, and at least its lowest draw), so re-sorting or filtering an export
+    never moves a row into or out of test."""
+    by_workflow: dict[str, dict[str, list[str]]] = {}
+    for case in cases:
+        by_workflow.setdefault(case.workflow, {}).setdefault(group[case.id], []).append(case.id)
+    chosen: set[str] = set()
+    for groups in by_workflow.values():
+        draws = {key: _draw(salt, key) for key in groups}
+        held = [key for key, u in draws.items() if u < TEST_SHARE] or [min(draws, key=draws.get)]
+        for key in held:
+            chosen.update(groups[key])
+    return chosen
+
+
+def _carve(cases: list[Case], count, salt: str, group: dict[str, str]) -> set[str]:
+    """Ids of about ``count(n)`` cases of each workflow (of n), chosen by the SHA-256 of ``salt`` and each case's
+    group (its id, or for rows without one their state's: repeated states are held out together, so one is never
+    trained on while its twin is scored)."""
+    by_workflow: dict[str, dict[str, list[str]]] = {}
+    for case in cases:
+        by_workflow.setdefault(case.workflow, {}).setdefault(group[case.id], []).append(case.id)
+    chosen: set[str] = set()
+    for groups in by_workflow.values():
+        wanted, taken = count(sum(map(len, groups.values()))), 0
+        for key in sorted(groups, key=lambda g: hashlib.sha256(f"{salt}{g}".encode()).hexdigest()):
+            if taken >= wanted:
+                break
+            chosen.update(groups[key])
+            taken += len(groups[key])
+    return chosen
 
 
 def _salt(seed: int | None, split: str) -> str:
@@ -230,43 +167,82 @@ def _salt(seed: int | None, split: str) -> str:
 
 
 def rows_sha256(cases: Iterable[Case]) -> str:
-    """A hash of the rows as read (id, workflow, state, questions, gold), in order: the saved model's data record."""
-    digest = hashlib.sha256()
-    for c in cases:
-        digest.update(json.dumps([c.id, c.workflow, c.state, {q: v.to_json() for q, v in c.questions.items()},
-                                  {q: g.probabilities.round(6).tolist() for q, g in c.gold.items()}],
-                                 sort_keys=True, ensure_ascii=False, default=str).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+    """A hash of the rows as read (id, workflow, state, questions, gold), whatever their order: the saved model's
+    data record, and how a working folder knows the rows it was made from."""
+    rows = sorted(hashlib.sha256(canonical([c.id, c.workflow, c.state, {q: v.to_json() for q, v in c.questions.items()},
+                                            {q: g.probabilities.round(6).tolist() for q, g in c.gold.items()}]).encode()
+                                 ).hexdigest() for c in cases)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()
 
 
-def load_decisions(data: Any, schema: dict | str | Path | None = None, *, workflow: str | None = None,
-                   seed: int | None = None, splits: tuple[str, ...] = SPLITS,
-                   min_train: int = MIN_TRAIN_PER_WORKFLOW, carve: bool = True) -> Decisions:
+def _with_ids(rows: list[Row]) -> dict[str, str]:
+    """Give every row without an id its state's (``states.content_id``; a repeated state ``.2``, ``.3`` in order);
+    return each row's group for ``_carve``: its id, or its state's id for those that had none."""
+    group, repeats = {}, Counter()
+    for row in rows:
+        if row.id is None:
+            base = content_id(row.state)
+            repeats[base] += 1
+            row.id = base if repeats[base] == 1 else f"{base}.{repeats[base]}"
+            group[row.id] = base
+        else:
+            group[row.id] = row.id
+    return group
+
+
+def _parsed(source, schemas, reading: Reading, splits, counts: Normalized, skip_bad: bool, labelled: bool
+            ) -> tuple[list[Row], list[Case], list[dict]]:
+    """Every row of ``source`` read (``rows.parse_row``) and made a Case; with ``skip_bad`` a bad row is left out
+    and named (``where``, ``error``), else its DataError stops the load."""
+    rows, cases, skipped = [], [], []
+    for where, raw, file_split in source.rows:
+        try:
+            row = parse_row(raw, where, schemas, reading, splits, counts, source.decimal_comma)
+            if file_split is not None:  # the benchmark's layout: the file is the split (validation carved from train)
+                row.split = row.split or file_split
+            case = row.case(labelled)
+        except DataError as err:
+            if not skip_bad:
+                raise
+            skipped.append({"where": where, "error": str(err)})
+            continue
+        rows.append(row)
+        cases.append(case)
+    return rows, cases, skipped
+
+
+def load_decisions(data: Any, schema: dict | str | Path | None = None, *, seed: int | None = None,
+                   splits: tuple[str, ...] = SPLITS, min_train: int = MIN_TRAIN_PER_WORKFLOW, carve: bool = True,
+                   labelled: bool = True, skip_bad: bool = False, reading: Reading | dict | None = None,
+                   **options) -> Decisions:
     """Read labelled decisions from ``data`` (see the module docstring) into train, validation and test splits.
 
     ``schema``: the questions (a dict or a ``schema.json`` path), unless the rows carry their own or a folder has
-    ``schema.json``. ``workflow``: the name of the one workflow when rows name none (default: the file's or
-    folder's name). ``seed``: reshuffles the held-out validation and test rows (default: the benchmark's rule).
-    ``splits``: the split names rows may carry (a scored-only file carries its own one, e.g. ``("other-voice",)``;
-    nothing is then carved). ``min_train``: train rows each workflow must keep. ``carve=False``: no rows are held
-    out (rows that name no split are in ``rows`` only: cases to score)."""
-    source = read_source(data, workflow)
+    ``schema.json``. ``reading`` (a ``rows.Reading``) or its options as keywords: ``workflow`` (the one workflow
+    of rows that name none; default ``decisions``), ``state_columns``, ``text_column``, ``id_column``,
+    ``ignore_columns``, ``delimiter``. ``seed``: reshuffles the held-out validation and test rows (default: the
+    benchmark's rule). ``splits``: the split names rows may carry (a scored-only file carries its own one, e.g.
+    ``("other-voice",)``; nothing is then carved). ``min_train``: train rows each workflow must keep.
+    ``carve=False``: no rows are held out (rows that name no split are in ``rows`` only: cases to score).
+    ``labelled=False``: rows to answer, whose labels are not read. ``skip_bad``: a bad row is left out and named in
+    ``record["skipped"]`` instead of stopping the load."""
+    reading = Reading.of(reading, **options)
+    source = read_source(data, reading.delimiter)
     schema = schema if schema is not None else source.schema
     schemas = load_schemas(schema) if schema is not None else None
     if not source.rows:
-        raise DataError(f"{source.name}: no rows; expected one labelled case a row")
-    parsed, seen = [], {}
-    for number, (where, raw, file_split) in enumerate(source.rows, start=1):
-        row = _parse_row(raw, where, number, schemas, source.workflow, splits)
-        if file_split is not None:  # the benchmark's layout: the file is the split (validation is carved from train)
-            row.split = row.split or file_split
+        raise DataError(f"{source.name}: no rows; expected one case a row")
+    counts = Normalized()
+    parsed, cases, skipped = _parsed(source, schemas, reading, splits, counts, skip_bad, labelled)
+    given_ids = all(row.id is not None for row in parsed)
+    group = _with_ids(parsed)
+    seen: dict[str, str] = {}
+    for row in parsed:
         if row.id in seen:
-            raise DataError(f"{where}: field 'id' {row.id!r} is used twice (first at {seen[row.id]}); every row needs "
-                            "its own id")
-        seen[row.id] = where
-        parsed.append(row)
-    cases = [_case(row) for row in parsed]
+            raise DataError(f"{row.where}: field {reading.id!r} {row.id!r} is used twice (first at {seen[row.id]}); "
+                            "every row needs its own id")
+        seen[row.id] = row.where
+    cases = [Case(r.id, c.workflow, c.state, c.questions, c.gold) for r, c in zip(parsed, cases)]
     split_of = {row.id: row.split for row in parsed}
     named = {s for s in split_of.values() if s is not None}
     rule = []
@@ -277,12 +253,12 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, workfl
                             "or none (the loader then holds out validation and test itself)")
         free = [c for c in cases if split_of[c.id] in (None, "train")]
         if "test" not in named:
-            held = _carve(free, held_out_test_rows, _salt(seed, "test"))
+            held = _test_rows(free, _salt(seed, "test"), group)
             split_of.update(dict.fromkeys(held, "test"))
             free = [c for c in free if c.id not in held]
-            rule.append(f"test: {TEST_SHARE:.0%} of each workflow held out")
+            rule.append(f"test: each row held out with chance {TEST_SHARE:.0%}, by its id's hash")
         if "validation" not in named:
-            held = _carve(free, held_out_validation_rows, _salt(seed, "validation"))
+            held = _carve(free, held_out_validation_rows, _salt(seed, "validation"), group)
             split_of.update(dict.fromkeys(held, "validation"))
             rule.append(f"validation: {VALIDATION_SHARE:.0%} of each workflow's train rows held out "
                         f"(at most {VALIDATION_PER_WORKFLOW})")
@@ -295,7 +271,7 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, workfl
                 total = sum(1 for c in cases if c.workflow == wf)
                 raise DataError(f"{source.name}: workflow {wf!r} has {train[wf]} train rows ({total} in all); at least "
                                 f"{min_train} are needed to fit its heads, hold out a dev slice and fit trees. With no "
-                                f"split given, {TEST_SHARE:.0%} go to test and about {VALIDATION_SHARE:.0%} to "
+                                f"split given, about {TEST_SHARE:.0%} go to test and {VALIDATION_SHARE:.0%} to "
                                 f"validation, so give it {math.ceil(min_train / (1 - TEST_SHARE - VALIDATION_SHARE))} "
                                 "rows or more")
     workflows_schema: dict[str, dict[str, Question]] = {}
@@ -308,8 +284,16 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, workfl
     benchmark = source.benchmark_layout and set(workflows_schema) <= set(WORKFLOWS)
     record = _record(source.name, by_split, workflows_schema, "; ".join(rule) or "as the data gives them", seed,
                      benchmark)
-    record["workflow"] = workflow  # the name given to rows that name none (None: the file's or folder's)
-    return Decisions(by_split, workflows_schema, record, Split("all", cases, source.name))
+    if isinstance(data, (str, Path)):  # where to read it again from, whatever the working folder then
+        record["source path"] = str(Path(source.name).absolute())
+    record["states"].update({"numbers read from strings": counts.numbers_from_strings,
+                             "numbers missing (NaN)": counts.missing_numbers})
+    record.update({"reading": reading.to_json(), "ids": "given" if given_ids else "from the state",
+                   "delimiter": source.delimiter, "index column": source.index_column})
+    if skip_bad:
+        record["skipped"] = skipped
+    return Decisions(by_split, workflows_schema, record, Split("all", cases, source.name),
+                     {row.id: row.where for row in parsed})
 
 
 def typed_decisions(folder: str | Path | None = None) -> Decisions:

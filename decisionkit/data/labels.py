@@ -4,7 +4,8 @@ distribution over its question's options.
 - ``load_schema``: one workflow's questions (``{question: {...}}`` in the System One shape) from a dict or a JSON
   file, duplicate names or options refused; ``load_schemas``: the same for one workflow or several
   (``{workflow: {question: {...}}}``).
-- ``gold_from_label``: a hard label (an option key; ``true``/``false``, a JSON boolean or ``0``/``1`` for a noul; an
+- ``gold_from_label``: a hard label (an option key; for a noul ``true``/``false``, ``yes``/``no``, ``y``/``n`` or
+  ``1``/``0`` in any case, or a JSON boolean; an
   integer level or its string for a score) or a distribution (``{"option": p, ...}``, options left out get 0, as a
   dict or its JSON in a CSV cell; the benchmark's ``{"probabilities": ..., "label"}``) as a ``Gold``, or a
   ``DataError`` naming the row and the field.
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .cases import Gold, probability_vector
+from ..core.errors import MissingFile
+from .cases import Gold, open_text, probability_vector
 from .questions import DataError, Question
 
 
@@ -32,8 +34,13 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
 
 
 def read_json_file(path: Path) -> Any:
+    """A JSON file (``.json`` or ``.json.gz``, UTF-8 with or without a BOM), duplicate keys refused; every way it
+    cannot be read is a DataError naming it."""
+    if not path.is_file():
+        raise MissingFile(f"{path} not found: expected a JSON file")
     try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_no_duplicate_keys)
+        with open_text(path) as handle:
+            return json.loads(handle.read(), object_pairs_hook=_no_duplicate_keys)
     except DataError as err:
         raise DataError(f"{path}: {err}") from None
     except json.JSONDecodeError as err:
@@ -75,6 +82,11 @@ def load_schemas(schema: dict | str | Path, where: str = "schema") -> dict[str |
                     "questions; expected {question: {type, instructions, criteria}} or {workflow: {question: ...}}")
 
 
+# the ways an export writes yes and no (any case): a noul's options are "false" and "true"
+NOUL_WORDS = {"0": "false", "1": "true", "no": "false", "yes": "true", "n": "false", "y": "true",
+              "false": "false", "true": "true"}
+
+
 def scalar(value: Any) -> Any:
     """numpy and pandas scalars as plain Python values; NaN and None as None."""
     if hasattr(value, "item") and not isinstance(value, (list, dict, str)) and np.ndim(value) == 0:
@@ -93,12 +105,12 @@ def _hard_key(question: Question, label: Any) -> str | None:
     if isinstance(label, int):
         key = str(label)
         if question.type == "noul":
-            return {"0": "false", "1": "true"}.get(key)
+            return NOUL_WORDS.get(key)
         return key if key in question.options else None
     if isinstance(label, str):
         key = label.strip()
         if question.type == "noul":
-            key = {"0": "false", "1": "true"}.get(key, key.lower())
+            key = NOUL_WORDS.get(key.lower(), key.lower())
         if question.type == "score" and key not in question.options:  # a level named by its text ("moderate")
             named = [o for o, text in zip(question.options, question.descriptions) if text.strip().lower() == key.lower()]
             key = named[0] if len(named) == 1 else key
@@ -137,7 +149,8 @@ def gold_from_label(question: Question, label: Any, where: str, field_name: str 
     key = _hard_key(question, label)
     if key is None:
         levels = ", ".join(f"{o} = {d!r}" for o, d in zip(question.options, question.descriptions))
-        hint = {"noul": " (or true/false, 0/1)", "score": f" (a level's number or its text: {levels})"}.get(question.type, "")
+        hint = {"noul": " (or yes/no, y/n, true/false, 1/0, in any case)",
+                "score": f" (a level's number or its text: {levels})"}.get(question.type, "")
         raise DataError(f"{where}: field '{name}' is {label!r}; expected one of {list(question.options)}{hint} or a "
                         "distribution over them")
     probs = np.zeros(len(question.options))

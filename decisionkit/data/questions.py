@@ -20,12 +20,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ..core.errors import UserError
+
 QUESTION_TYPES = ("noul", "choice", "score")
 NOUL_OPTIONS = ("false", "true")
 JSONText = str | dict[str, Any] | list[Any]  # what the contract allows for instructions and descriptions
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Input that does not follow the typed-decisions schema; the message names the place and the field."""
 
 

@@ -15,6 +15,10 @@ A scenario may also hold a **scored-only** split in a file of its own (``SCORED_
 trained on or chosen with, only scored. ``load_scenario("tickets", "other-voice")`` reads the tickets' one:
 40 tickets written by an author who wrote none of ``tickets.jsonl``, in other registers, to measure how far the
 model's scores carry to text written by other people.
+
+Where a path to data is expected (``decisionkit train --data``, ``evaluate --data``, ``decisionkit.train(data)``), a
+scenario is named ``scenario:NAME`` (``scenario_name``): a bare ``tickets`` is always the path ``tickets``, a folder of
+the user's own. A preset's ``dataset`` names its scenario by its name alone.
 """
 
 from __future__ import annotations
@@ -22,25 +26,39 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
+from ..core.errors import MissingFile
 from .cases import Split
 from .decisions import MIN_TRAIN_PER_WORKFLOW, SPLITS, Decisions, load_decisions
 from .labels import load_schema
-from .tables import FILE_KINDS
+from .tables import FILE_KINDS, file_kind
 
-__all__ = ["DATA_DIR", "SCENARIOS", "SCORED_ONLY", "load_scenario", "load_schema", "scenario_decisions", "scenario_folder"]
+__all__ = ["DATA_DIR", "SCENARIOS", "SCENARIO_PREFIX", "SCORED_ONLY", "load_scenario", "load_schema",
+           "scenario_decisions", "scenario_folder", "scenario_name"]
 
 # The project's own scenario folders, as package data (pyproject.toml lists them) so a wheel install finds them.
 DATA_DIR = Path(str(files("decisionkit") / "scenario_data"))
 SCENARIOS = ("expenses", "tickets", "ngs-qc")
+SCENARIO_PREFIX = "scenario:"  # a scenario named where a path is expected: scenario:tickets
 # Scored-only splits: split name -> the file beside the examples that holds it (every row's ``split`` is the name).
 # Nothing is trained on them or chosen with them; the trainer reads train, validation and test only.
 SCORED_ONLY = {"other-voice": "other_voice.jsonl"}
 
 
+def scenario_name(data) -> str | None:
+    """The scenario ``data`` names as ``scenario:NAME`` (where a path is expected: ``--data scenario:tickets``), or
+    None when it is anything else; an unknown NAME is refused."""
+    if not isinstance(data, str) or not data.startswith(SCENARIO_PREFIX):
+        return None
+    name = data[len(SCENARIO_PREFIX):]
+    if name not in SCENARIOS:
+        raise MissingFile(f"{data}: no such scenario; the project's are {', '.join(SCENARIO_PREFIX + s for s in SCENARIOS)}")
+    return name
+
+
 def scenario_folder(name_or_folder: str | Path) -> Path:
     folder = DATA_DIR / str(name_or_folder) if str(name_or_folder) in SCENARIOS else Path(name_or_folder)
     if not (folder / "schema.json").is_file():
-        raise FileNotFoundError(f"{folder} has no schema.json; a scenario is one of {', '.join(SCENARIOS)} or a "
+        raise MissingFile(f"{folder} has no schema.json; a scenario is one of {', '.join(SCENARIOS)} or a "
                                 f"folder with schema.json and one examples file ({', '.join(FILE_KINDS)})")
     return folder
 
@@ -48,9 +66,9 @@ def scenario_folder(name_or_folder: str | Path) -> Path:
 def examples_file(folder: Path) -> Path:
     """The one examples file of a scenario folder, beside any scored-only split's file."""
     examples = sorted(p for p in folder.iterdir()
-                      if p.suffix in FILE_KINDS and p.name not in (*SCORED_ONLY.values(), "schema.json"))
+                      if file_kind(p) and p.name not in (*SCORED_ONLY.values(), "schema.json"))
     if len(examples) != 1:
-        raise FileNotFoundError(f"{folder} must hold exactly one examples file ({', '.join(FILE_KINDS)}) beside any "
+        raise MissingFile(f"{folder} must hold exactly one examples file ({', '.join(FILE_KINDS)}) beside any "
                                 f"scored-only split's ({', '.join(SCORED_ONLY.values())}); found "
                                 f"{[p.name for p in examples]}")
     return examples[0]
@@ -67,7 +85,7 @@ def load_scenario(name_or_folder: str | Path, split: str = "train") -> Split:
     if split in SCORED_ONLY:
         path = folder / SCORED_ONLY[split]
         if not path.is_file():
-            raise FileNotFoundError(f"{folder} has no {SCORED_ONLY[split]}, the file of the scored-only split "
+            raise MissingFile(f"{folder} has no {SCORED_ONLY[split]}, the file of the scored-only split "
                                     f"{split!r} (the tickets scenario has one)")
         return load_decisions(path, folder / "schema.json", workflow=folder.name, splits=(split,))[split]
     return scenario_decisions(folder, min_train=0)[split]

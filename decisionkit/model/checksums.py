@@ -47,7 +47,7 @@ def _identity(path: Path) -> list:
 
 def _read_checksums(cache: Path) -> dict:
     try:
-        entries = json.loads(cache.read_text())
+        entries = json.loads(cache.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # missing or damaged: the cache only ever saves work, so start it afresh
         return {}
     return entries if isinstance(entries, dict) else {}

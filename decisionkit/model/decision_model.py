@@ -213,7 +213,7 @@ class DecisionModel(nn.Module):
         them; else the asked ones) and the request checked."""
         item = systemone.checked(self.schema, state, questions, workflow)
         output = self(**self.pad([systemone.state_windows(self, item.text)]), workflows=[item.workflow],
-                      questions=None if every else list(item.questions), states=[state])
+                      questions=None if every else list(item.questions), states=[item.state])
         return output, item
 
     @torch.inference_mode()
@@ -298,7 +298,7 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     dtype (``DECISIONKIT_DTYPE`` still wins: ``precision.as_saved``). ``backbone`` overrides where the weights are
     found (a local folder, say; the saved revision is then not asked for); the weights must still be the ones the
     model was trained on."""
-    path = Path(path)
+    path = Path(path).expanduser()
     saved = saving.ModelConfig.read(path)
     where, how = saving.saved_backbone(path, saved)
     if backbone is not None and str(backbone) != str(where):

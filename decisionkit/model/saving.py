@@ -32,9 +32,11 @@ from safetensors.torch import load_file, save_file
 
 from .._version import __version__
 from ..core.atomic import atomic_folder, link_or_copy, write_text
+from ..core.errors import MissingFile, ModelFolderError, RunError
 from ..data.cases import RENDER_VERSION, Case, Split, jsonl_rows
 from ..data.decisions import Decisions, load_decisions
-from ..data.questions import Question
+from ..data.questions import DataError, Question
+from ..data.states import DIGEST_CHARS
 from ..data.tables import IN_MEMORY
 from .backbone import LoraSettings, QuantSettings
 from .checksums import weights_sha256
@@ -59,6 +61,16 @@ DECISIONS_FILE = "decisions.csv"  # one row per decision the report scored
 CHECKPOINT_DIR = "checkpoint"  # the last evaluated step of fine-tuning, for resuming; removed once it finishes
 DATA_FILE = "data.json"  # what the model was trained on: source, hash of the rows, rows per split and workflow, schema
 HELD_OUT_FILE = "test.jsonl"  # its test rows, in the benchmark's row shape: `decisionkit evaluate DIR` scores them
+ROWS_FILE = "rows.json"  # the digest of every row's state, per split: `evaluate --data` leaves out what it trained on
+EVALUATION_PREFIX = "eval-"  # decisionkit evaluate writes eval-WHAT.json beside the model
+# Everything a run writes in its folder: a new run into the folder replaces these and keeps the rest
+RUN_ITEMS = MODEL_ITEMS | {HISTORY_FILE, REPORT_FILE, REPORT_PAGE, DECISIONS_FILE, CHECKPOINT_DIR, DATA_FILE,
+                           HELD_OUT_FILE, ROWS_FILE}
+
+
+def is_run_item(name: str) -> bool:
+    """True for a file or folder a training run (or ``decisionkit evaluate``) writes in a run folder."""
+    return name in RUN_ITEMS or (name.startswith(EVALUATION_PREFIX) and name.endswith(".json"))
 
 
 def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
@@ -108,16 +120,16 @@ class ModelConfig:
         """The ``decisionkit.json`` of the folder ``path``, in a format and rendering this decisionkit reads."""
         config_path = path / CONFIG_FILE
         if not config_path.is_file():
-            raise FileNotFoundError(f"{config_path} not found: {path} is not a saved decision model")
-        saved = json.loads(config_path.read_text())
+            raise MissingFile(f"{config_path} not found: {path} is not a saved decision model")
+        saved = json.loads(config_path.read_text(encoding="utf-8"))
         if saved.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{config_path}: format {saved.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
+            raise ModelFolderError(f"{config_path}: format {saved.get('format')!r}; this decisionkit reads {FORMAT_VERSION}")
         if saved.get("render_version") != RENDER_VERSION:
-            raise ValueError(f"{config_path}: rendering {saved.get('render_version')!r}; this decisionkit renders "
+            raise ModelFolderError(f"{config_path}: rendering {saved.get('render_version')!r}; this decisionkit renders "
                              f"{RENDER_VERSION!r}")
         expected = {f.name for f in fields(cls)}
         if set(saved) != expected:
-            raise ValueError(f"{config_path}: fields {sorted(set(saved) ^ expected)} differ from format "
+            raise ModelFolderError(f"{config_path}: fields {sorted(set(saved) ^ expected)} differ from format "
                              f"{FORMAT_VERSION}'s; expected exactly {sorted(expected)}")
         return cls(**saved)
 
@@ -144,7 +156,7 @@ def save(model, path: str | Path) -> Path:
             model.backbone.model.save_pretrained(scratch / BACKBONE_DIR, safe_serialization=True)
             model.backbone.tokenizer.save_pretrained(scratch / BACKBONE_DIR)
             saved.backbone["tuned_sha256"] = weights_sha256(scratch / BACKBONE_DIR)
-        (scratch / CONFIG_FILE).write_text(json.dumps(saved.to_json(), indent=2))
+        (scratch / CONFIG_FILE).write_text(json.dumps(saved.to_json(), indent=2), encoding="utf-8")
         if path.exists():
             _carry_over(path, scratch)
     return path
@@ -161,6 +173,27 @@ def _carry_over(previous: Path, new: Path) -> None:
             shutil.copytree(item, new / item.name, copy_function=link_or_copy)
         else:
             link_or_copy(item, new / item.name)
+
+
+def export(run: str | Path, dest: str | Path) -> Path:
+    """Write the model of the run folder ``run`` alone into the new folder ``dest``: its config, heads and any adapter
+    or tuned backbone (``MODEL_ITEMS``), none of what the run kept of its data (``test.jsonl``, ``rows.json``,
+    ``data.json`` with the source's path, ``decisions.csv``, the reports). ``decisionkit.load`` and
+    ``decisionkit serve`` read it as they read the run. ``dest`` must not exist, or be an empty folder."""
+    run, dest = Path(run).expanduser(), Path(dest).expanduser()
+    saved = ModelConfig.read(run)
+    lacking = missing_files(run, saved)
+    if lacking:
+        raise ModelFolderError(f"{run} lacks {', '.join(lacking)}: not a whole model, nothing to export")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise RunError(f"{dest} exists and is not empty; export writes a new folder and never over files")
+    with atomic_folder(dest) as scratch:
+        for name in sorted(MODEL_ITEMS):
+            if (run / name).is_dir():
+                shutil.copytree(run / name, scratch / name, copy_function=link_or_copy)
+            elif (run / name).is_file():
+                link_or_copy(run / name, scratch / name)
+    return dest
 
 
 def missing_files(path: Path, saved: ModelConfig) -> list[str]:
@@ -183,7 +216,7 @@ def load_trained(model, path: str | Path) -> dict:
     adapter = path / ADAPTER_DIR / ADAPTER_FILE
     if model.backbone.lora is not None:
         if not adapter.is_file():
-            raise FileNotFoundError(f"{adapter} not found: the model at {path} has LoRA adapters, and without their "
+            raise MissingFile(f"{adapter} not found: the model at {path} has LoRA adapters, and without their "
                                     "trained weights it would answer with untrained ones; save the model again")
         from peft import set_peft_model_state_dict
 
@@ -210,7 +243,7 @@ def check_backbone(base, path: Path, saved: ModelConfig) -> None:
     backbone = saved.backbone
     expected = backbone["tuned_sha256"] if backbone["tuned"] else backbone["weights_sha256"]
     if base.checksum != expected:
-        raise ValueError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
+        raise ModelFolderError(f"backbone {base.name!r} has weights sha256 {base.checksum[:16]}…; the model at {path} was "
                          f"trained on {backbone['name']!r} with {expected[:16]}…")
 
 
@@ -237,19 +270,31 @@ def restore(model, path: Path, saved: ModelConfig) -> None:
 
 def write_data(folder: str | Path, decisions: Decisions, test: Split) -> None:
     """Keep in ``folder`` what a model was trained on (``DATA_FILE``: ``decisions.record``, and the test cases it was
-    scored on) and those test rows (``HELD_OUT_FILE``)."""
+    scored on), those test rows (``HELD_OUT_FILE``) and the digest of every row's state by split (``ROWS_FILE``)."""
     folder = Path(folder)
     rows = "".join(json.dumps(c.to_json(), ensure_ascii=False) + "\n" for c in test)
     write_text(folder / HELD_OUT_FILE, rows)
+    write_text(folder / ROWS_FILE, json.dumps({"digest": f"sha256 of each state's canonical JSON, first "
+                                                         f"{DIGEST_CHARS} hex digits", **decisions.digests()}))
     write_text(folder / DATA_FILE, json.dumps({**decisions.record, "test cases scored": len(test)}, indent=2,
                                               ensure_ascii=False, default=str))
+
+
+def seen_rows(folder: str | Path) -> dict[str, set[str]] | None:
+    """Split -> the digests of the states a saved run was trained, calibrated and tested on (``ROWS_FILE``); None
+    for a folder that keeps none (a model saved by ``fit_model`` alone, or exported)."""
+    path = Path(folder) / ROWS_FILE
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    return {split: set(saved.get(split, ())) for split in ("train", "validation", "test")}
 
 
 def data_record(folder: str | Path) -> dict:
     """The ``DATA_FILE`` of a saved run, or a FileNotFoundError saying it has none."""
     path = Path(folder) / DATA_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {folder} keeps no record of its data (a model saved by "
+        raise MissingFile(f"{path} not found: {folder} keeps no record of its data (a model saved by "
                                 "fit_model alone, or before decisionkit recorded it); pass the data to score")
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -266,11 +311,13 @@ def recorded_split(folder: str | Path, split: str) -> Split:
     was in memory, is gone, or holds other rows now (its hash differs)."""
     record = data_record(folder)
     if record["source"].startswith(IN_MEMORY):
-        raise ValueError(f"{folder} was trained on data {record['source']}: only its test rows were kept; pass the "
+        raise ModelFolderError(f"{folder} was trained on data {record['source']}: only its test rows were kept; pass the "
                          f"data to score its {split} split")
-    decisions = load_decisions(record["source"], record["schema"] if not record.get("benchmark") else None,
-                               workflow=record.get("workflow"), seed=record.get("seed"), min_train=0)
+    reading = record.get("reading", {"workflow": record.get("workflow")})  # how it was read (older runs: workflow)
+    decisions = load_decisions(record.get("source path", record["source"]),
+                               record["schema"] if not record.get("benchmark") else None,
+                               reading=reading, seed=record.get("seed"), min_train=0)
     if decisions.record["rows sha256"] != record["rows sha256"]:
-        raise ValueError(f"{record['source']} holds other rows than {folder} was trained on (their hash differs); "
+        raise DataError(f"{record['source']} holds other rows than {folder} was trained on (their hash differs); "
                          "pass the data to score")
     return decisions[split]

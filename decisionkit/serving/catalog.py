@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ..contract.systemone import ModelMetadata, ModelMetadataList
+from ..core.errors import UserError
 from ..model.features import FeatureSpec
 from ..model.saving import CONFIG_FILE, ModelConfig, missing_files, schema_from_json
 
 
-class UnservableModel(ValueError):
+class UnservableModel(UserError, ValueError):
     """A model the server cannot serve: its message names the model and why, on one line."""
 
 
@@ -55,7 +56,7 @@ def catalog(runs: Sequence[str | Path]) -> Catalog:
     """The saved models in ``runs`` by name, each ``checked``; two folders of one name are refused."""
     folders: dict[str, Path] = {}
     configs: dict[str, ModelConfig] = {}
-    for run in map(Path, runs):
+    for run in (Path(r).expanduser() for r in runs):
         if run.name in folders:
             raise ValueError(f"two models are named {run.name!r} ({folders[run.name]} and {run}); rename one folder")
         folders[run.name], configs[run.name] = run, checked(run)

@@ -89,7 +89,7 @@ def _save_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler, st
         save_file(flat, scratch / TRAINER_TENSORS)
         payload = {**state, "optimizer_state": meta, "param_groups": optimizer.state_dict()["param_groups"],
                    "scheduler": scheduler.state_dict()}
-        (scratch / TRAINER_STATE).write_text(json.dumps(payload, default=float))
+        (scratch / TRAINER_STATE).write_text(json.dumps(payload, default=float), encoding="utf-8")
 
 
 def _clear_interrupted(folder: Path) -> None:
@@ -118,7 +118,7 @@ def _load_checkpoint(folder: Path, core: DecisionModel, optimizer, scheduler) ->
         # not strict: a causal LM's output layer, tied to its embeddings, is not saved apart
         core.encoder.load_state_dict({k: v for part in sorted((folder / BACKBONE_DIR).glob("*.safetensors"))
                                       for k, v in load_file(str(part)).items()}, strict=False)
-    payload = json.loads((folder / TRAINER_STATE).read_text())
+    payload = json.loads((folder / TRAINER_STATE).read_text(encoding="utf-8"))
     tensors = load_file(str(folder / TRAINER_TENSORS))
     torch.set_rng_state(tensors.pop("rng.cpu"))
     if "rng.cuda" in tensors:

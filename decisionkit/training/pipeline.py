@@ -7,9 +7,10 @@
   (``anomaly.fit_router``) checked on the held-out test rows and on the project's off-domain set read as states of
   the data's own workflows (``anomaly.off_domain``), validation and test scored as the saved model answers them,
   against the majority answer of each question and a hybrid's parts apart; the model, what it was trained on
-  (``saving.write_data``) and the report saved. Everything is written in a working folder beside ``out``
-  (``.NAME.training``, where an interrupted fine-tuning run resumes) and moved into ``out`` once whole
-  (``atomic.publish``): a run that fails leaves no model that looks finished, and an older one in ``out`` stays.
+  (``saving.write_data``) and the report saved. ``out`` is checked before anything trains and held by one run at a
+  time; everything is written in a working folder beside it (``.NAME.training``, where an interrupted fine-tuning run
+  of the same data resumes) and moved into ``out`` once whole, beside whatever else ``out`` held (``run_folder``): a
+  run that fails leaves no model that looks finished, and an older one in ``out`` stays whole until then.
 - ``run_report(preset, out)``: ``train`` for a preset's own dataset, as the notebooks call it; with ``reuse``, a
   folder that holds a report of the same settings is read instead.
 """
@@ -17,11 +18,10 @@
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.atomic import publish
+from ..core.errors import RunError
 from ..data.cases import Split
 from ..data.decisions import Decisions
 from ..data.metrics import prior_predictions, score
@@ -33,6 +33,7 @@ from .anomaly import evaluate_scores, fit_router, off_domain
 from .calibration import calibrate, calibrate_out_of_fold
 from .presets import DEFAULT_PRESET, Preset
 from .report import RunReport
+from .run_folder import check_out, claimed, prepare_work, publish_run
 from .trainer import TrainResult, decisions_of, fit_model, held_out_test, part_scores
 from .zeroshot import zero_shot_predictions
 
@@ -49,29 +50,33 @@ class Trained:
     data: Decisions
 
 
-def working_folder(out: str | Path) -> Path:
-    """Where a run into ``out`` is written until it is whole: a hidden folder beside it."""
-    out = Path(out)
-    return out.with_name(f".{out.name}.training")
-
-
 def train(data=None, out: str | Path = "runs/model", *, schema=None, preset: str | Preset = DEFAULT_PRESET,
-          zero_shot: int = 0, resume: bool = True, progress: bool = True, route: bool = True) -> Trained:
+          zero_shot: int = 0, resume: bool = True, progress: bool = True, route: bool = True,
+          **reading) -> Trained:
     """Train a decision model on ``data`` into ``out``: the weights, temperatures, router, scores and report.
 
-    ``data``: your decisions from any source ``decisions.load_decisions`` reads (a ``.csv``, ``.jsonl``, ``.json``
-    or ``.parquet`` file, a folder, a DataFrame, a list of dicts, a ``datasets.Dataset``) with ``schema`` (a dict or a
-    ``schema.json`` path) unless the rows or the folder carry their questions; a loaded ``Decisions``; or None, the
-    preset's own dataset. ``preset``: a name or a ``Preset`` (default: the main job's hybrid). ``zero_shot``: also
-    score the zero-shot baseline on that many validation cases per workflow. ``route=False`` skips the router (a pass
-    over every train case for a fine-tuned model). ``resume=False`` starts afresh where an interrupted run left
-    its working folder."""
+    ``data``: your decisions from any source ``decisions.load_decisions`` reads (a ``.csv``, ``.tsv``, ``.jsonl``,
+    ``.json`` or ``.parquet`` file, gzipped or not, a folder, a DataFrame, a list of dicts, a ``datasets.Dataset``)
+    with ``schema`` (a dict or a ``schema.json`` path) unless the rows or the folder carry their questions, read as
+    ``reading`` says (``workflow``, ``state_columns``, ``text_column``, ``id_column``, ``ignore_columns``,
+    ``delimiter``: ``rows.Reading``); a project scenario as ``"scenario:NAME"``; a loaded ``Decisions``; or None, the
+    preset's own dataset. ``out``: a new folder, an empty one or an earlier model's (``run_folder.check_out``: any
+    other folder is refused before anything trains, and into an earlier model only the run's own files are replaced).
+    ``preset``: a name or a ``Preset`` (default: the main job's hybrid). ``zero_shot``: also score the zero-shot
+    baseline on that many validation cases per workflow. ``route=False`` skips the router (a pass over every train
+    case for a fine-tuned model). ``resume=False`` starts afresh where an interrupted run left its working folder
+    (which only the run that made it resumes anyway: ``run_folder.prepare_work``)."""
     p = presets.preset(preset) if isinstance(preset, str) else preset
-    decisions = decisions_of(p, data, schema)
-    out = Path(out)
-    work = working_folder(out)
-    if not resume:
-        shutil.rmtree(work, ignore_errors=True)
+    out = check_out(out)
+    decisions = decisions_of(p, data, schema, **reading)
+    with claimed(out):
+        identity = {"preset": p.to_json(), "schema": decisions.record["schema"],
+                    "rows": decisions.record["rows sha256"]}
+        return _train(p, decisions, out, prepare_work(out, identity, resume), zero_shot, resume, progress, route)
+
+
+def _train(p: Preset, decisions: Decisions, out: Path, work: Path, zero_shot: int, resume: bool, progress: bool,
+           route: bool) -> Trained:
     fitted = fit_model(p, work, decisions, resume=resume, progress=progress)
     model = fitted.model  # as saved: a fine-tuning run's best step
     # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
@@ -112,7 +117,7 @@ def train(data=None, out: str | Path = "runs/model", *, schema=None, preset: str
     if zero_shot:
         add_zero_shot(trained, zero_shot, progress)
     report.save(work)
-    publish(work, out)
+    publish_run(work, out)
     fitted.out = out
     return trained
 
@@ -149,11 +154,11 @@ def run_report(preset_name: str | Preset, out: str | Path, data=None, zero_shot:
     (notebooks show saved full runs), if it was trained with the same preset settings."""
     p = presets.preset(preset_name) if isinstance(preset_name, str) else preset_name
     if reuse and (Path(out) / saving.REPORT_FILE).is_file():
-        saved = json.loads((Path(out) / saving.HISTORY_FILE).read_text())["preset"]
+        saved = json.loads((Path(out) / saving.HISTORY_FILE).read_text(encoding="utf-8"))["preset"]
         if saved != json.loads(json.dumps(p.to_json())):
             changed = sorted(k for k in saved.keys() | p.to_json().keys()
                              if saved.get(k) != json.loads(json.dumps(p.to_json().get(k))))
-            raise ValueError(f"{out} holds a run of preset {saved['name']!r} with other settings ({', '.join(changed)}); "
+            raise RunError(f"{out} holds a run of preset {saved['name']!r} with other settings ({', '.join(changed)}); "
                              "delete that folder to train this preset there, or give another folder")
         return RunReport.load(out)
     return train(data, out, schema=schema, preset=p, zero_shot=zero_shot, resume=resume, progress=progress,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ..core.errors import SettingError
 from ..data.cases import DEV_PER_WORKFLOW
 from ..model.backbone import ENCODER_BACKBONE, LoraSettings
 from ..model.features import FeatureSpec
@@ -131,5 +132,5 @@ PRESETS = {
 
 def preset(name: str, **overrides) -> Preset:
     if name not in PRESETS:
-        raise ValueError(f"preset {name!r} is unknown; expected one of {', '.join(PRESETS)}")
+        raise SettingError(f"preset {name!r} is unknown; expected one of {', '.join(PRESETS)}")
     return replace(PRESETS[name], **overrides)

@@ -136,12 +136,12 @@ class RunReport:
     def load(cls, folder: str | Path) -> "RunReport":
         """The report a run saved (``pipeline.run_report`` / ``decisionkit train`` / ``benchmarks/train_preset.py``)."""
         folder = Path(folder)
-        saved = json.loads((folder / REPORT_FILE).read_text())
-        rows = pd.read_csv(folder / DECISIONS_FILE)
+        saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+        rows = pd.read_csv(folder / DECISIONS_FILE, encoding="utf-8")
         sets = {name: Scores(rows[rows["set"] == name].drop(columns="set").reset_index(drop=True))
                 for name in rows["set"].unique()}  # in the order they were saved
         pick = lambda kind: {k.split("/", 1)[1]: v for k, v in sets.items() if k.startswith(kind + "/")}  # noqa: E731
-        history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text())["history"])
+        history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text(encoding="utf-8"))["history"])
         data = {k: v for k, v in saved["data"].items() if k != "source"}
         return cls(saved["backbone"], saved["data"]["source"], saved["training"], pick("scores"), pick("baselines"),
                    history, saved.get("calibration", {}), saved.get("routing", {}), data)
@@ -169,7 +169,7 @@ COMPARISON_COLUMNS = ["backbone", "mode", "accuracy", "kl", "brier", "ece", "ece
 def run_row(folder: str | Path, split: str = "test") -> dict:
     """One row of a comparison from a saved run's ``report.json`` (written by ``decisionkit train``, ``demo`` and
     ``benchmarks/train_preset.py``): its scores on ``split``, training time and memory, where it ran."""
-    report = json.loads((Path(folder) / REPORT_FILE).read_text())
+    report = json.loads((Path(folder) / REPORT_FILE).read_text(encoding="utf-8"))
     training, scores = report["training"], report[split]
     return {"backbone": report["backbone"]["name"].split("/")[-1], "mode": training["mode"],
             **{k: scores[k] for k in ("accuracy", "kl", "brier", "ece", "ece_confidence")},

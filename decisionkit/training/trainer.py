@@ -35,7 +35,7 @@ from ..core.environment import peak_rss_gb, synchronize
 from ..data.cases import Split, dev_slice
 from ..data.decisions import Decisions, load_decisions, typed_decisions
 from ..data.metrics import Scores, score
-from ..data.scenarios import SCENARIOS, scenario_decisions
+from ..data.scenarios import scenario_decisions, scenario_name
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel, load
 from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
@@ -151,20 +151,20 @@ class TrainResult:
         return training_curves(self.history)
 
 
-def decisions_of(p: Preset, data=None, schema=None) -> Decisions:
+def decisions_of(p: Preset, data=None, schema=None, **reading) -> Decisions:
     """The data a run of preset ``p`` reads, as ``Decisions`` (train, validation, test and their record): ``data``
     itself when it is one; any source ``decisions.load_decisions`` reads (a file, a folder, a DataFrame, a list of
-    dicts, a ``datasets.Dataset``; ``schema``: its questions) or a scenario's name; with no ``data``, the preset's
-    own dataset (typed-decisions from ``$DECISIONKIT_DATA`` or the hub, or its scenario)."""
+    dicts, a ``datasets.Dataset``; ``schema``: its questions; ``reading``: how its columns are read, ``rows.Reading``);
+    a project scenario named ``scenario:NAME``; with no ``data``, the preset's own dataset (typed-decisions from
+    ``$DECISIONKIT_DATA`` or the hub, or its scenario). A path always means the path, even one named like a scenario."""
     if isinstance(data, Decisions):
         return data
     if data is None:
-        data = None if p.dataset == "typed-decisions" else p.dataset
-        if data is None:
-            return typed_decisions()
-    if isinstance(data, (str, Path)) and str(data) in SCENARIOS and schema is None:
-        return scenario_decisions(data)
-    return load_decisions(data, schema)
+        return typed_decisions() if p.dataset == "typed-decisions" else scenario_decisions(p.dataset)
+    name = scenario_name(data)
+    if name is not None:
+        return scenario_decisions(name)
+    return load_decisions(data, schema, **reading)
 
 
 def training_pool(p: Preset, data=None) -> Split:
@@ -366,29 +366,3 @@ def step_cost(p: Preset | str, steps: int = 3, warmup: int = 1, data=None) -> St
 def step_costs(presets, steps: int = 3, warmup: int = 1, data=None) -> StepCosts:
     """``step_cost`` of each preset, one after the other (each loads its own backbone)."""
     return StepCosts({(p if isinstance(p, str) else p.name): step_cost(p, steps, warmup, data) for p in presets})
-
-
-def evaluate(path_or_model, split: str = "test", data=None, schema=None) -> Scores:
-    """Scores of a saved (or in-memory) model; ``metrics.Scores`` breaks them down. With no ``data``, a saved model
-    scores its own held-out ``split`` (test: the rows it kept, ``saving.HELD_OUT_FILE``; validation or train: read
-    again from the source it recorded, checked against the rows' hash). ``data``: any source ``decisions_of`` reads
-    (its ``split``; a source that names no splits is scored whole)."""
-    from ..model.saving import held_out_rows, recorded_split
-
-    model = load(path_or_model) if isinstance(path_or_model, (str, Path)) else path_or_model
-    if data is None:
-        if not isinstance(path_or_model, (str, Path)):
-            raise ValueError("an in-memory model has no record of its data: pass data=...")
-        cases = held_out_rows(path_or_model) if split == "test" else recorded_split(path_or_model, split)
-    else:
-        cases = scored_split(data, split, schema or {w: {q: v.to_json() for q, v in qs.items()}
-                                                     for w, qs in model.schema.items()})
-    return score(cases, *model.outputs(cases))
-
-
-def scored_split(data, split: str, schema) -> Split:
-    """``split`` of ``data`` when its rows name their splits, or every row when none does (a file of new cases)."""
-    if isinstance(data, (str, Path)) and str(data) in SCENARIOS:
-        return scenario_decisions(data, min_train=0)[split]
-    decisions = load_decisions(data, schema, min_train=0, carve=False)
-    return decisions[split] if any(decisions.splits.values()) else decisions.rows
