@@ -16,6 +16,7 @@ rewrites the file byte for byte the same.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import random
@@ -518,21 +519,34 @@ def noisy(rng: random.Random, label: dict) -> dict:
     return out
 
 
-def main() -> None:
+def write_claims(out: Path, claims: int = N_CLAIMS, long_claims: int = N_LONG) -> int:
+    """Write ``claims`` claims (``long_claims`` of them with a pasted e-mail thread) to ``out``; the defaults write the
+    scenario's own file. ``benchmarks/own_data.py`` scales it to a user's log of 100,000 rows."""
     rng = random.Random(SEED)
-    long_at = set(rng.sample(range(N_CLAIMS), N_LONG))
+    long_at = set(rng.sample(range(claims), long_claims))
     rows = []
-    for number in range(N_CLAIMS):
+    for number in range(claims):
         state, facts = make_claim(rng, number, number in long_at)
         label = noisy(rng, labels(facts))
-        rows.append([f"exp-{number + 1:04d}", json.dumps(state, ensure_ascii=False), label["approve"],
-                     label["route"], label["risk"]])
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", encoding="utf-8", newline="") as handle:
+        rows.append([f"exp-{number + 1:0{max(4, len(str(claims)))}d}", json.dumps(state, ensure_ascii=False),
+                     label["approve"], label["route"], label["risk"]])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(["id", "state", "approve", "route", "risk"])
         writer.writerows(rows)
-    print(f"wrote {len(rows)} claims to {OUT}")
+    return len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="write the expenses scenario's claims (or a scaled copy)")
+    parser.add_argument("--claims", type=int, default=N_CLAIMS, help=f"claims to write (default {N_CLAIMS})")
+    parser.add_argument("--long", type=int, default=None, help=f"claims with an e-mail thread (default {N_LONG} "
+                                                                   "in 500: 3%%)")
+    parser.add_argument("--out", type=Path, default=OUT, help="the CSV to write (default: the scenario's)")
+    args = parser.parse_args()
+    long_claims = args.long if args.long is not None else round(N_LONG * args.claims / N_CLAIMS)
+    print(f"wrote {write_claims(args.out, args.claims, long_claims)} claims to {args.out}")
 
 
 if __name__ == "__main__":

@@ -191,11 +191,13 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     # the model shipped without its rows, and a file of new tickets answered by it (the core has both commands)
     _run([str(venv / "bin" / "decisionkit"), "export", "runs/tickets", "shipped"], work, env, 60)
     assert sorted(p.name for p in (work / "shipped").iterdir()) == ["decisionkit.json", "heads.safetensors"]
-    (work / "new.csv").write_text("ticket\nmy card was charged twice\nthe app crashes on start\n", encoding="utf-8")
+    (work / "new.csv").write_text("ticket\nmy credit card was charged twice, refund today\nthe app crashes on start\n",
+                                  encoding="utf-8")
     _run([str(venv / "bin" / "decisionkit"), "predict", "shipped", "--data", "new.csv", "--text-column", "ticket",
           "--out", "answers.jsonl", "--quiet"], work, env, 120)
     answered = [json.loads(line) for line in (work / "answers.jsonl").read_text().splitlines()]
-    assert [a["answers"]["team"]["choice"] for a in answered] == ["billing", "technical_support"]
+    assert len(answered) == 2 and answered[0]["answers"]["team"]["choice"] == checked["team"] == "billing"
+    assert answered[0]["id"].startswith("row-") and set(answered[0]["answers"]) == set(checked["questions"])
 
     # without the extras: `--help` answers with no torch imported, and what needs an extra names it
     imported = _run([str(python), "-X", "importtime", "-m", "decisionkit", "--help"], work, env, 60).stderr
