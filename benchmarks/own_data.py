@@ -13,7 +13,7 @@
    left to win.
 2. **read and split**: the expenses generator scaled to ``--rows`` claims (``scripts/make_expense_claims.py``), read by
    ``load_decisions`` with the scenario's schema in a fresh process: seconds, and its peak resident memory
-   (``ru_maxrss``) beside the same process's memory before reading.
+   (``VmHWM``) beside the same process's peak before reading.
 3. **each shape** (``--train-shapes``): the scenario written in every shape of ``data.exports.SHAPES`` and trained by
    ``decisionkit train`` from each, one process each: wall seconds and test accuracy (the features of a shape whose
    rendered states another shape rendered the same are read from the cache).
@@ -33,7 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-import decisionkit as dk
+os.environ.setdefault("TQDM_DISABLE", "1")  # the JSON is the record; no bars on stderr
+import decisionkit as dk  # noqa: E402
 from decisionkit.core.atomic import write_text
 from decisionkit.course.latency import hardware
 from decisionkit.course.speed import forward_flops, matmul_rate
@@ -42,17 +43,18 @@ from decisionkit.data.scenarios import DATA_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPENSES = DATA_DIR / "expenses"
+# VmHWM, this process's own peak (ru_maxrss keeps the parent's peak across fork and exec on Linux)
 READ = """
-import json, resource, sys, time
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+import json, sys, time
+def peak_kib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])
 from decisionkit.data.decisions import load_decisions
-imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+imported = peak_kib()
 started = time.perf_counter()
 data = load_decisions(sys.argv[1], sys.argv[2])
 seconds = time.perf_counter() - started
-print(json.dumps({"seconds": seconds, "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "rss_after_import_kib": imported, "rows": {s: len(data[s]) for s in ("train", "validation", "test")},
-                  "summary": data.summary()}))
+print(json.dumps({"seconds": seconds, "peak_rss_kib": peak_kib(), "rss_after_import_kib": imported,
+                  "rows": {s: len(data[s]) for s in ("train", "validation", "test")}, "summary": data.summary()}))
 """
 
 

@@ -191,24 +191,37 @@ def _with_ids(rows: list[Row]) -> dict[str, str]:
 
 
 def _parsed(source, schemas, reading: Reading, splits, counts: Normalized, skip_bad: bool, labelled: bool
-            ) -> tuple[list[Row], list[Case], list[dict]]:
-    """Every row of ``source`` read (``rows.parse_row``) and made a Case; with ``skip_bad`` a bad row is left out
-    and named (``where``, ``error``), else its DataError stops the load."""
-    rows, cases, skipped = [], [], []
+            ) -> tuple[list[Row], list[Case], list[dict], bool, dict[str, str]]:
+    """Every row of ``source`` read (``rows.parse_row``), given its id (``_with_ids``) and made a Case; with
+    ``skip_bad`` a bad row is left out and named (``where``, ``error``), else its DataError stops the load. Also:
+    whether every row named its id, and each row's group for the carve."""
+    rows, skipped = [], []
+
+    def skip(where: str, err: DataError) -> None:
+        if not skip_bad:
+            raise err
+        skipped.append({"where": where, "error": str(err)})
+
     for where, raw, file_split in source.rows:
         try:
             row = parse_row(raw, where, schemas, reading, splits, counts, source.decimal_comma)
-            if file_split is not None:  # the benchmark's layout: the file is the split (validation carved from train)
-                row.split = row.split or file_split
-            case = row.case(labelled)
         except DataError as err:
-            if not skip_bad:
-                raise
-            skipped.append({"where": where, "error": str(err)})
+            skip(where, err)
             continue
+        if file_split is not None:  # the benchmark's layout: the file is the split (validation carved from train)
+            row.split = row.split or file_split
         rows.append(row)
-        cases.append(case)
-    return rows, cases, skipped
+    given = all(row.id is not None for row in rows)
+    group = _with_ids(rows)
+    kept, cases = [], []
+    for row in rows:
+        try:
+            cases.append(row.case(labelled))
+        except DataError as err:
+            skip(row.where, err)
+            continue
+        kept.append(row)
+    return kept, cases, skipped, given, group
 
 
 def load_decisions(data: Any, schema: dict | str | Path | None = None, *, seed: int | None = None,
@@ -233,16 +246,13 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, seed: 
     if not source.rows:
         raise DataError(f"{source.name}: no rows; expected one case a row")
     counts = Normalized()
-    parsed, cases, skipped = _parsed(source, schemas, reading, splits, counts, skip_bad, labelled)
-    given_ids = all(row.id is not None for row in parsed)
-    group = _with_ids(parsed)
+    parsed, cases, skipped, given_ids, group = _parsed(source, schemas, reading, splits, counts, skip_bad, labelled)
     seen: dict[str, str] = {}
     for row in parsed:
         if row.id in seen:
             raise DataError(f"{row.where}: field {reading.id!r} {row.id!r} is used twice (first at {seen[row.id]}); "
                             "every row needs its own id")
         seen[row.id] = row.where
-    cases = [Case(r.id, c.workflow, c.state, c.questions, c.gold) for r, c in zip(parsed, cases)]
     split_of = {row.id: row.split for row in parsed}
     named = {s for s in split_of.values() if s is not None}
     rule = []
