@@ -191,7 +191,7 @@ def test_installed_wheel_trains_and_answers(wheel, tmp_path):
     # the model shipped without its rows, and a file of new tickets answered by it (the core has both commands)
     _run([str(venv / "bin" / "decisionkit"), "export", "runs/tickets", "shipped"], work, env, 60)
     assert sorted(p.name for p in (work / "shipped").iterdir()) == ["decisionkit.json", "heads.safetensors"]
-    (work / "new.csv").write_text("ticket\nmy credit card was charged twice, refund today\nthe app crashes on start\n",
+    (work / "new.csv").write_text('ticket\n"my credit card was charged twice, refund today"\nthe app crashes on start\n',
                                   encoding="utf-8")
     _run([str(venv / "bin" / "decisionkit"), "predict", "shipped", "--data", "new.csv", "--text-column", "ticket",
           "--out", "answers.jsonl", "--quiet"], work, env, 120)
