@@ -323,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with needs_extra(f"decisionkit {args.command}"):
             return args.handler(args)
+    except BrokenPipeError:  # whoever read the output stopped (`| head`): nothing went wrong here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (UserError, PermissionError) as err:  # a user's mistake (or a folder they may not write): one line
         if settings.debug():
             raise

@@ -99,7 +99,9 @@ class Decisions:
         and what the reading changed (ids from content, numbers read from strings, a pandas index left out)."""
         sizes = ", ".join(f"{len(self.splits[s])} {s}" for s in SPLITS)
         states = self.record["states"]
+        columns = [c for c in self.record.get("state columns", []) if c not in ("state", "text")]
         notes = [note for note in (
+            f"states from the columns {', '.join(columns)} (--state-columns to pick others)" if columns else "",
             "ids from each row's state" if self.record.get("ids") == "from the state" else "",
             f"{states['numbers read from strings']} numbers read from strings" if states.get(
                 "numbers read from strings") else "",
@@ -298,7 +300,8 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, seed: 
         record["source path"] = str(Path(source.name).absolute())
     record["states"].update({"numbers read from strings": counts.numbers_from_strings,
                              "numbers missing (NaN)": counts.missing_numbers})
-    record.update({"reading": reading.to_json(), "ids": "given" if given_ids else "from the state",
+    columns = list(dict.fromkeys(c for row in parsed for c in row.columns))  # what the states were read from
+    record.update({"state columns": columns, "reading": reading.to_json(), "ids": "given" if given_ids else "from the state",
                    "delimiter": source.delimiter, "index column": source.index_column})
     if skip_bad:
         record["skipped"] = skipped

@@ -96,6 +96,7 @@ class Row:
     json_state: bool
     questions: dict[str, Question]
     labels: dict[str, tuple[Any, str]]
+    columns: tuple[str, ...] = ()  # the columns the state was read from
 
     def case(self, labelled: bool = True) -> Case:
         """The row as a Case: its labels read as gold distributions (none when ``labelled`` is False: rows to
@@ -179,17 +180,17 @@ def parse_row(raw: Any, where: str, schemas: dict[str | None, dict[str, Question
     roles = {reading.id, *ROLES, *reading.ignore_columns, *([] if nested else questions)}
     if reading.text_column:
         state, is_json, used = _text(row.get(reading.text_column), where, reading.text_column), False, \
-            {reading.text_column}
+            [reading.text_column]
     elif reading.state_columns:
         absent = [c for c in reading.state_columns if c not in row]
         if absent:
             raise DataError(f"{where}: state column {absent[0]!r} is missing; the row has {', '.join(row)}")
-        used = set(reading.state_columns)
+        used = list(reading.state_columns)
         state, is_json = flat_state(((c, row[c]) for c in reading.state_columns), where, decimal_comma, counts), True
     elif "state" in row:
-        (state, is_json), used = _state(row["state"], where, counts), {"state"}
+        (state, is_json), used = _state(row["state"], where, counts), ["state"]
     elif "text" in row:
-        state, is_json, used = _text(row["text"], where, "text"), False, {"text"}
+        state, is_json, used = _text(row["text"], where, "text"), False, ["text"]
     else:  # a flat table: every other column is a field of the state
         used = [c for c in row if c not in roles]
         if not used:
@@ -219,4 +220,4 @@ def parse_row(raw: Any, where: str, schemas: dict[str | None, dict[str, Question
         found = {q: (labels.get(q), f"{nested}.{q}") for q in questions}
     else:
         found = {q: (row.get(q), q) for q in questions}
-    return Row(where, case_id, wf, split, state, is_json, questions, found)
+    return Row(where, case_id, wf, split, state, is_json, questions, found, tuple(used))
