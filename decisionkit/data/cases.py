@@ -103,7 +103,7 @@ class Case:
             if key not in obj:
                 raise DataError(f"{where}: field '{key}' is missing; a case needs id, workflow, state, questions, gold")
         # The hub's parquet stores the nested columns as JSON strings.
-        state, questions, gold = (_decoded(obj[k], k, where) for k in ("state", "questions", "gold"))
+        state, questions, gold = (obj["state"], *(json_field(obj[k], k, where) for k in ("questions", "gold")))
         if not isinstance(questions, dict) or not questions:
             raise DataError(f"{where}: field 'questions' must be a non-empty object of question id -> question")
         if not isinstance(gold, dict):
@@ -131,8 +131,9 @@ class Case:
         return render_state(self.state, self.workflow)
 
 
-def _decoded(value: Any, name: str, where: str) -> Any:
-    if isinstance(value, str) and name != "state":
+def json_field(value: Any, name: str, where: str) -> Any:
+    """A nested field (``questions``, ``labels``, ``gold``) as its JSON when a CSV or parquet holds it as a string."""
+    if isinstance(value, str):
         try:
             return json.loads(value)
         except json.JSONDecodeError as err:

@@ -53,7 +53,7 @@ import pandas as pd
 from ..core import settings
 from .cases import VALIDATION_PER_WORKFLOW, WORKFLOWS, Case, Split, load_typed_decisions
 from .labels import load_schemas
-from .questions import DataError, Question
+from .questions import DataError, Question, schema_json
 from .rows import Reading, Row, parse_row
 from .states import Normalized, canonical, content_id, state_digest
 from .tables import read_source
@@ -301,8 +301,9 @@ def load_decisions(data: Any, schema: dict | str | Path | None = None, *, seed: 
     record["states"].update({"numbers read from strings": counts.numbers_from_strings,
                              "numbers missing (NaN)": counts.missing_numbers})
     columns = list(dict.fromkeys(c for row in parsed for c in row.columns))  # what the states were read from
-    record.update({"state columns": columns, "reading": reading.to_json(), "ids": "given" if given_ids else "from the state",
-                   "delimiter": source.delimiter, "index column": source.index_column})
+    record.update({"state columns": columns, "reading": reading.to_json(),
+                   "ids": "given" if given_ids else "from the state", "delimiter": source.delimiter,
+                   "index column": source.index_column})
     if skip_bad:
         record["skipped"] = skipped
     return Decisions(by_split, workflows_schema, record, Split("all", cases, source.name),
@@ -328,4 +329,4 @@ def _record(source: str, splits: dict[str, Split], schema: dict[str, dict[str, Q
     return {"source": source, "rows total": len(cases), "rows sha256": rows_sha256(cases),
             "rows": {s: dict(Counter(split.case_workflows)) for s, split in splits.items()},
             "states": {"json": json_states, "text": len(cases) - json_states}, "split rule": rule, "seed": seed,
-            "benchmark": benchmark, "schema": {w: {q: v.to_json() for q, v in qs.items()} for w, qs in schema.items()}}
+            "benchmark": benchmark, "schema": schema_json(schema)}

@@ -156,3 +156,8 @@ class Question:
         if criteria is not None:
             out["criteria"] = criteria
         return out
+
+
+def schema_json(schema: dict[str, dict[str, Question]]) -> dict:
+    """workflow -> question -> Question as the JSON a schema file, a model's config and a data record hold."""
+    return {wf: {qid: q.to_json() for qid, q in questions.items()} for wf, questions in schema.items()}

@@ -21,11 +21,10 @@ A column that is none of these is refused with the flag that would read it, so n
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
-from .cases import Case
+from .cases import Case, json_field
 from .labels import gold_from_label, scalar
 from .questions import DataError, Question
 from .states import Normalized, flat_state, read_state
@@ -93,7 +92,6 @@ class Row:
     workflow: str
     split: str | None
     state: Any
-    json_state: bool
     questions: dict[str, Question]
     labels: dict[str, tuple[Any, str]]
     columns: tuple[str, ...] = ()  # the columns the state was read from
@@ -104,17 +102,6 @@ class Row:
         gold = {qid: gold_from_label(q, label, self.where, name) for qid, q in self.questions.items()
                 for label, name in [self.labels[qid]]} if labelled else {}
         return Case(self.id, self.workflow, self.state, dict(self.questions), gold)
-
-
-def _json_field(value: Any, name: str, where: str) -> Any:
-    """A nested field (``questions``, ``labels``, ``gold``) that a CSV or parquet stores as a JSON string."""
-    value = scalar(value)
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: field '{name}' is a string that is not valid JSON ({err.msg})") from None
-    return value
 
 
 def _text(value: Any, where: str, name: str) -> str:
@@ -129,13 +116,13 @@ def _text(value: Any, where: str, name: str) -> str:
     return value
 
 
-def _state(value: Any, where: str, counts: Normalized) -> tuple[Any, bool]:
-    """(state, read as JSON) of a ``state`` value: an object (or a cell holding one), else text."""
+def _state(value: Any, where: str, counts: Normalized) -> Any:
+    """The state of a ``state`` value: an object (or a cell holding one), else text."""
     value, is_json = read_state(scalar(value), where, counts=counts)
     if is_json:
-        return value, True
+        return value
     if isinstance(value, str):
-        return _text(value, where, "state"), False
+        return _text(value, where, "state")
     if value is None:
         raise DataError(f"{where}: field 'state' is missing; every row needs a state (a JSON object or text)")
     raise DataError(f"{where}: field 'state' is {type(value).__name__} {value!r}; expected a JSON object or text")
@@ -145,7 +132,7 @@ def _questions(row: dict, where: str, schemas: dict[str | None, dict[str, Questi
                workflow: str) -> dict[str, Question]:
     given = row.get("questions")
     if given is not None:
-        questions_json = _json_field(given, "questions", where)
+        questions_json = json_field(scalar(given), "questions", where)
         if not isinstance(questions_json, dict) or not questions_json:
             raise DataError(f"{where}: field 'questions' must be a non-empty object of question name -> question")
         return {qid: Question.from_json(qid, q, where) for qid, q in questions_json.items()}
@@ -179,24 +166,23 @@ def parse_row(raw: Any, where: str, schemas: dict[str | None, dict[str, Question
     nested = "labels" if "labels" in row else "gold" if "gold" in row else None
     roles = {reading.id, *ROLES, *reading.ignore_columns, *([] if nested else questions)}
     if reading.text_column:
-        state, is_json, used = _text(row.get(reading.text_column), where, reading.text_column), False, \
-            [reading.text_column]
+        state, used = _text(row.get(reading.text_column), where, reading.text_column), [reading.text_column]
     elif reading.state_columns:
         absent = [c for c in reading.state_columns if c not in row]
         if absent:
             raise DataError(f"{where}: state column {absent[0]!r} is missing; the row has {', '.join(row)}")
         used = list(reading.state_columns)
-        state, is_json = flat_state(((c, row[c]) for c in reading.state_columns), where, decimal_comma, counts), True
+        state = flat_state(((c, row[c]) for c in reading.state_columns), where, decimal_comma, counts)
     elif "state" in row:
-        (state, is_json), used = _state(row["state"], where, counts), ["state"]
+        state, used = _state(row["state"], where, counts), ["state"]
     elif "text" in row:
-        state, is_json, used = _text(row["text"], where, "text"), False, ["text"]
+        state, used = _text(row["text"], where, "text"), ["text"]
     else:  # a flat table: every other column is a field of the state
         used = [c for c in row if c not in roles]
         if not used:
             raise DataError(f"{where}: the row has no state: no 'state' or 'text' column and no column besides the id, "
                             "workflow, split and labels; give the state's columns (--state-columns a,b,c)")
-        state, is_json = flat_state(((c, row[c]) for c in used), where, decimal_comma, counts), True
+        state = flat_state(((c, row[c]) for c in used), where, decimal_comma, counts)
     extra = [k for k in row if k not in roles and k not in used and scalar(row[k]) not in (None, "")]
     if extra:
         raise _unread(extra[0], where, questions, reading)
@@ -210,7 +196,7 @@ def parse_row(raw: Any, where: str, schemas: dict[str | None, dict[str, Question
         raise DataError(f"{where}: field 'split' is {split!r}; expected one of {', '.join(splits)} (or none: the "
                         "loader then holds out validation and test itself)")
     if nested:
-        labels = _json_field(row[nested], nested, where)
+        labels = json_field(scalar(row[nested]), nested, where)
         if not isinstance(labels, dict):
             raise DataError(f"{where}: field '{nested}' must be an object of question name -> label")
         unknown = sorted(set(labels) - set(questions))
@@ -220,4 +206,4 @@ def parse_row(raw: Any, where: str, schemas: dict[str | None, dict[str, Question
         found = {q: (labels.get(q), f"{nested}.{q}") for q in questions}
     else:
         found = {q: (row.get(q), q) for q in questions}
-    return Row(where, case_id, wf, split, state, is_json, questions, found, tuple(used))
+    return Row(where, case_id, wf, split, state, questions, found, tuple(used))

@@ -34,12 +34,20 @@ from ..core.answer_fields import lowest_confidence
 from ..core.atomic import atomic_file
 from ..core.errors import RunError
 from ..data.decisions import load_decisions
-from ..data.questions import DataError
+from ..data.questions import DataError, schema_json
 from ..data.scenarios import scenario_decisions, scenario_name
 from .decision_model import DecisionModel, load
 
 CHUNK = 256  # rows answered between two updates of the progress bar (each chunk in batches of similar length)
 OUTPUT_KINDS = (".jsonl", ".csv")
+
+
+def reading_for(model: DecisionModel, reading: dict) -> dict:
+    """``reading`` (``rows.Reading``'s options) for rows ``model`` answers or is scored on: rows that name no
+    workflow are a one-workflow model's own, whatever the file is called."""
+    if len(model.schema) == 1 and not reading.get("workflow"):
+        return {**reading, "workflow": next(iter(model.schema))}
+    return reading
 
 
 def _rows(model: DecisionModel, data, skip_bad: bool, reading: dict):
@@ -48,11 +56,8 @@ def _rows(model: DecisionModel, data, skip_bad: bool, reading: dict):
     if name is not None:
         decisions = scenario_decisions(name, min_train=0)
     else:
-        if len(model.schema) == 1 and not reading.get("workflow"):
-            reading = {**reading, "workflow": next(iter(model.schema))}  # rows that name none are the model's
-        schema = {w: {q: v.to_json() for q, v in qs.items()} for w, qs in model.schema.items()}
-        decisions = load_decisions(data, schema, carve=False, min_train=0, labelled=False, skip_bad=skip_bad,
-                                   **reading)
+        decisions = load_decisions(data, schema_json(model.schema), carve=False, min_train=0, labelled=False,
+                                   skip_bad=skip_bad, **reading_for(model, reading))
     skipped = list(decisions.record.get("skipped", []))
     items, windows, kept = [], [], []
     checked = [systemone.checked(model.schema, c.state, None, c.workflow) for c in decisions.rows]

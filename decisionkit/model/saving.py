@@ -35,7 +35,7 @@ from ..core.atomic import atomic_folder, link_or_copy, write_text
 from ..core.errors import MissingFile, ModelFolderError, RunError
 from ..data.cases import RENDER_VERSION, Case, Split, jsonl_rows
 from ..data.decisions import Decisions, load_decisions
-from ..data.questions import DataError, Question
+from ..data.questions import DataError, Question, schema_json
 from ..data.states import DIGEST_CHARS
 from ..data.tables import IN_MEMORY
 from .backbone import LoraSettings, QuantSettings
@@ -73,10 +73,6 @@ def is_run_item(name: str) -> bool:
     return name in RUN_ITEMS or (name.startswith(EVALUATION_PREFIX) and name.endswith(".json"))
 
 
-def _schema_to_json(schema: dict[str, dict[str, Question]]) -> dict:
-    return {wf: {qid: q.to_json() for qid, q in questions.items()} for wf, questions in schema.items()}
-
-
 def schema_from_json(obj: dict) -> dict[str, dict[str, Question]]:
     return {wf: {qid: Question.from_json(qid, q, "saved schema") for qid, q in qs.items()} for wf, qs in obj.items()}
 
@@ -109,7 +105,7 @@ class ModelConfig:
                       "compute_dtype": backbone.precision.dtype,
                       "quantize": asdict(backbone.quantize) if backbone.quantize else None,
                       "lora": asdict(backbone.lora) if backbone.lora else None, "tuned": model.tuned},
-            features=model.spec.to_json(), schema=_schema_to_json(model.schema),
+            features=model.spec.to_json(), schema=schema_json(model.schema),
             temperatures=dict(model.temperatures.probabilities), confidence_temperatures=model.temperatures.confidence,
             head_fit=asdict(model.head_recipe) if model.head_recipe is not None else None,
             router=model.router.config() if model.router is not None else None,

@@ -58,7 +58,8 @@ def catalog(runs: Sequence[str | Path]) -> Catalog:
     configs: dict[str, ModelConfig] = {}
     for run in (Path(r).expanduser() for r in runs):
         if run.name in folders:
-            raise UnservableModel(f"two models are named {run.name!r} ({folders[run.name]} and {run}); rename one folder")
+            raise UnservableModel(f"two models are named {run.name!r} ({folders[run.name]} and {run}); rename one "
+                                  "folder")
         folders[run.name], configs[run.name] = run, checked(run)
     return Catalog(folders, configs)
 

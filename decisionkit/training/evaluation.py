@@ -20,11 +20,12 @@ from pathlib import Path
 from ..data.cases import Split
 from ..data.decisions import load_decisions
 from ..data.metrics import Scores, score
-from ..data.questions import DataError
+from ..data.questions import DataError, schema_json
 from ..data.scenarios import scenario_decisions, scenario_name
 from ..data.states import state_digest
 from ..model import saving
 from ..model.decision_model import load
+from ..model.predict import reading_for
 
 LEFT_OUT = {"train": "trained on (its train rows)", "validation": "calibrated and routed on (its validation rows)"}
 
@@ -76,10 +77,7 @@ def evaluate(path_or_model, split: str = "test", data=None, schema=None, **readi
         what = "the test rows it kept" if split == "test" else f"its recorded {split} split"
         return Evaluation(score(cases, *model.outputs(cases)).decisions, scored=what, rows=len(cases),
                           output_name=_output_name(None, split))
-    if len(model.schema) == 1 and not reading.get("workflow"):
-        reading["workflow"] = next(iter(model.schema))  # rows that name no workflow are the model's one
-    cases = scored_split(data, split, schema or {w: {q: v.to_json() for q, v in qs.items()}
-                                                 for w, qs in model.schema.items()}, **reading)
+    cases = scored_split(data, split, schema or schema_json(model.schema), **reading_for(model, reading))
     seen = saving.seen_rows(folder) if saved else None
     left_out = {}
     if seen is not None:
