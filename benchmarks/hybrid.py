@@ -29,10 +29,10 @@ import decisionkit as dk
 from decisionkit.core.precision import kernels
 from decisionkit.data.cases import DEV_PER_WORKFLOW, dev_slice
 from decisionkit.data.metrics import score
-from decisionkit.model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
+from decisionkit.model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, parts_out_of_fold, refit_heads
 from decisionkit.model.heads import HeadSet
 from decisionkit.model.output import read
-from decisionkit.model.structured import mix_weights, mixed
+from decisionkit.model.structured import StructuredPart, mix_weights, mixed
 from decisionkit.training.trainer import part_scores
 
 
@@ -83,17 +83,15 @@ def joint_head(model, train, test, preset, folds: int = STRUCTURED_FOLDS):
     with torch.no_grad():
         joint = _probabilities(read(model.schema, heads, None, joint_test, test.case_workflows))
     # out of fold on train: joint heads and trees fitted on the other folds, for the mixing weights
-    oof_joint, oof_trees = [None] * len(train), [None] * len(train)
-    for fold in cross_fit(joint_model, train, joint_train, folds, structured=True):
+    oof_joint = [None] * len(train)
+    for fold in cross_fit(joint_model, train, joint_train, folds):
         held = [train[i] for i in fold.held]
         found = _probabilities(fold.read(joint_train[fold.held], [c.workflow for c in held], trees=False))
         for i, p in zip(fold.held, found):
             oof_joint[i] = p
-            oof_trees[i] = {q: v[0] for q, v in fold.structured.probabilities([train[i].state], train[i].workflow,
-                                                                              list(p)).items()}
-    weights = mix_weights(train, oof_joint, oof_trees)
-    trees = [{q: v[0] for q, v in model.structured.probabilities([c.state], c.workflow, list(c.questions)).items()}
-             for c in test]
+    trees_part = StructuredPart.fit(train, rounds=model.structured.rounds, lexical=False)
+    weights = mix_weights(train, oof_joint, parts_out_of_fold(trees_part, train, folds)["trees"])
+    trees = trees_part.answers(test)["trees"]
     return score(test, joint), score(test, mixed(test, joint, trees, weights))
 
 

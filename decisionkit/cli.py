@@ -105,12 +105,13 @@ def cmd_evaluate(args) -> int:
 
     scores = evaluate(args.run, args.split, args.data, args.schema, **reading_of(args))
     print(f"{args.run}: {scores.note()}; {len(scores.decisions)} decisions")
+    print(f"the model {scores.answered_line()}")
     print(scores.summary().round(4).to_string())
     print(scores.summary("type").round(4).to_string())
     out = Path(args.run).expanduser() / scores.output_name
     _write_json(out, {"split": args.split, "data": str(args.data) if args.data else "recorded",
                       "scored": scores.scored, "rows": scores.rows, "left out": scores.left_out,
-                      **{k: float(v) for k, v in scores.overall().items()}})
+                      **{k: float(v) for k, v in scores.overall().items()}, "answered": scores.answered})
     print(f"wrote {out}")
     return 0
 

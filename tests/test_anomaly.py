@@ -3,6 +3,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import decisionkit
@@ -304,3 +305,26 @@ def test_per_kind_sample_keeps_every_kind():
     assert set(sample.kinds) == set(inputs.kinds)
     assert all(sample.kinds.count(k) == 2 for k in set(inputs.kinds))
     assert sample.ids == [i for i in inputs.ids if i in set(sample.ids)]  # file order kept
+
+
+def test_answered_keeps_the_raw_scores_apart_from_the_routed_answers(routed, splits):
+    """``answered``: the raw scores are the model's before the router (what every ladder row scores), the answers as
+    served are distance-aware, and the cases sent to a human are the router's verdicts, case by case; the accuracy
+    of the answered cases is that of the served answers on the others."""
+    from decisionkit.data.metrics import score
+    from decisionkit.training.answered import answered
+
+    model, _, validation = routed
+    cases = splits["test"].head(10)
+    found = answered(model, cases)
+    pd.testing.assert_frame_equal(found.raw.decisions, score(cases, *model.outputs(cases, raw=True)).decisions)
+    pd.testing.assert_frame_equal(found.as_answered.decisions, score(cases, *model.outputs(cases)).decisions)
+    verdicts = [model.route(c.state, workflow=c.workflow)["verdict"] for c in cases]
+    assert found.human == [c.id for c, v in zip(cases, verdicts) if v == "human"]
+    summary = found.summary()
+    kept = found.as_answered.decisions[~found.as_answered.decisions["case"].isin(found.human)]
+    assert summary["answered cases"] == len(cases) - len(found.human) == kept["case"].nunique()
+    assert summary["sent to a human"] == pytest.approx(len(found.human) / len(cases))
+    if len(kept):
+        assert summary["accuracy of the answered cases"] == pytest.approx(kept["correct"].mean())
+    assert summary["accuracy (raw)"] == pytest.approx(found.raw.overall()["accuracy"])

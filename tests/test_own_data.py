@@ -1,6 +1,6 @@
 """Training on a user's own decisions, end to end: ``decisionkit train --data FILE --schema FILE --out DIR`` and
 ``decisionkit.train(data, out=..., schema=...)`` on a CSV export of JSON states with no split or workflow column, the
-saved record of the data, ``decisionkit evaluate DIR`` on the test rows the model kept, text states (heads alone,
+saved record of the data, ``decisionkit evaluate DIR`` on the test rows the model kept, text states (heads and the lexical part,
 said), and a failed run that leaves nothing that looks finished. The backbone is the tiny random Llama: these tests
 check the path, not what it learns (notebook 08 and the expenses scenario show that on MiniLM). Last, a project
 scenario (the tickets, text states) trained by the same trainer and answering."""
@@ -119,13 +119,20 @@ def test_one_call_trains_a_dataframe_and_keeps_its_test_rows(tmp_path, tiny_hybr
     assert again.overall()["accuracy"] == pytest.approx(kept.overall()["accuracy"])  # only its held-out rows
 
 
-def test_text_states_train_the_heads_alone_and_the_report_says_why(tmp_path, tiny_hybrid):
+def test_text_states_train_the_heads_and_the_lexical_part_and_the_report_says_why(tmp_path, tiny_hybrid):
     rows = [{**r, "state": r["state"]["note"] + f", {r['state']['amount_usd']} dollars"} for r in claims()]
     trained = decisionkit.train(rows, tmp_path / "text", schema=SCHEMA, preset=tiny_hybrid, progress=False)
-    assert trained.model.structured is None and trained.data.record["states"]["text"] == 60
-    assert "left out: the states of decisions are text" in trained.report.training["trees"]
-    assert "trees      left out" in trained.report.card()
-    assert not any(name.startswith(("heads alone", "trees alone")) for name in trained.report.baselines)
+    assert trained.data.record["states"]["text"] == 60
+    assert trained.model.structured.parts("decisions") == ["heads", "lexical"] and not trained.model.structured.trees
+    assert trained.report.training["parts"] == {"decisions": ["heads", "lexical"]}
+    assert "none for decisions: their states are text" in trained.report.training["trees"]
+    assert "trees      none for decisions" in trained.report.card()
+    parts = {name.split(" (")[0] for name in trained.report.baselines}
+    assert {"heads alone", "lexical alone"} <= parts and "trees alone" not in parts
+    again = decisionkit.load(tmp_path / "text")  # saved and read back: the same parts answer
+    case = rows[0]
+    assert again.decide(case["state"], workflow="decisions") == trained.model.decide(case["state"],
+                                                                                      workflow="decisions")
 
 
 def test_a_failed_run_leaves_no_model_that_looks_finished(tmp_path, tiny_hybrid, monkeypatch):

@@ -20,7 +20,9 @@ def saved_run(tmp_path, splits):
                        data_source="test", scores={"validation": scores, "test": scores},
                        training={"preset": "cpu-quick", "mode": "heads", "seconds": 90.0, "peak_memory_gb": 1.5,
                                  "best_val_loss": 1.3, "compute_dtype": "bfloat16"},
-                       baselines={"uniform": scores}, history=history, routing={"test sent to a human": 0.05})
+                       baselines={"uniform": scores}, history=history, routing={"test sent to a human": 0.05},
+                       answered={"test": {"accuracy (raw)": 0.5, "accuracy as answered": 0.45, "sent to a human": 0.5,
+                                          "answered cases": 1, "accuracy of the answered cases": 0.6}})
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / HISTORY_FILE).write_text(json.dumps({"history": history.to_dict(orient="records")}))
@@ -36,6 +38,10 @@ def test_a_saved_report_loads_back_the_same_tables(saved_run):
     assert loaded.scores["test"].overall()["kl"] == pytest.approx(report.scores["test"].overall()["kl"])
     assert loaded.routing == report.routing and len(loaded.figure().data) == 1
     assert "routing    test sent to a human 5.0%" in loaded.card()
+    assert loaded.answered == report.answered
+    assert ("test       raw 0.500; as answered 0.450, 50.0% sent to a human, 0.600 on the 1 cases it answers"
+            in loaded.card())
+    assert loaded.answered_table().loc["test", "answered cases"] == 1
 
 
 def test_the_comparison_labels_measured_and_quoted_rows(saved_run, splits):
@@ -61,7 +67,7 @@ def test_table_card_and_markdown_carry_every_set(saved_run):
     assert "backbone   org/tiny-model (test)" in card and "preset cpu-quick, 90 s, peak memory 1.50 GB" in card
     assert f"accuracy {uniform['accuracy']:.3f}  KL {uniform['kl']:.3f}" in card
     markdown = (folder / "report.md").read_text()
-    for heading in ("## Scores", "## validation: by question type", "## test: by workflow",
+    for heading in ("## Scores", "## As answered", "## validation: by question type", "## test: by workflow",
                     "## Quoted references (not measured here)"):
         assert heading in markdown
     saved = json.loads((folder / "report.json").read_text())

@@ -146,8 +146,11 @@ def test_the_hybrid_model_saves_reloads_and_answers_any_state(quick_model, split
     _, model = quick_model
     assert model.structured is not None, "the quick preset trains the hybrid"
     assert isinstance(model.structured, StructuredPart)
-    weights = [w for qs in model.structured.weights.values() for w in qs.values()]
-    assert all(0 <= w <= 1 for w in weights)
+    for workflow, per_question in model.structured.weights.items():
+        assert model.structured.parts(workflow) == ["heads", "trees", "lexical"]  # JSON states: every part
+        for per_part in per_question.values():
+            assert set(per_part) == set(model.structured.parts(workflow))
+            assert all(0 <= w <= 1 for w in per_part.values()) and sum(per_part.values()) == pytest.approx(1)
     cases = splits["test"].head(2)
     path = model.save(tmp_path / "hybrid")
     again = dk.load(path)
@@ -171,9 +174,11 @@ def test_the_mixture_table_shows_the_weights_the_model_mixes_with(quick_model):
     _, model = quick_model
     table = model.structured.table()
     assert len(table) == sum(len(q) for q in model.structured.weights.values())
-    for (workflow, question), weight in table["weight of the heads"].items():
-        assert weight == model.structured.weights[workflow][question]
-    assert table["weight of the heads"].between(0, 1).all() and (table["fields read"] > 0).all()
+    for part in ("heads", "trees", "lexical"):
+        for (workflow, question), weight in table[f"weight of the {part}"].items():
+            assert weight == model.structured.weights[workflow][question][part]
+    weights = table[[f"weight of the {part}" for part in ("heads", "trees", "lexical")]]
+    assert weights.sum(axis=1).round(9).eq(1).all() and (table["fields read"] > 0).all()
 
 
 def test_fit_structured_fits_a_hybrid_again(quick_model, splits):
@@ -186,26 +191,25 @@ def test_fit_structured_fits_a_hybrid_again(quick_model, splits):
     features = model.normalize(model.split_pooled(cases))
     fit = fit_structured(model, cases, features, folds=2, rounds=7)
     assert model.structured.rounds == 7 and model.structured.weights == fit.weights
-    assert set(fit.scores.index.get_level_values("part")) == {"heads", "trees", "hybrid"}
+    assert set(fit.scores.index.get_level_values("part")) == {"heads", "trees", "lexical", "hybrid"}
     case = splits["validation"][0]
     assert set(model.decide(case.state, workflow=case.workflow)) == set(case.questions)
 
 
 def test_with_trees_mixes_any_part_at_the_hybrids_own_weights(quick_model, splits):
-    """``with_trees`` puts a part where the heads sit in the hybrid: the trees mixed with themselves are the trees,
-    and the heads mixed with them are w * heads + (1 - w) * trees at the model's weight per question."""
-    from decisionkit.training.trainer import part_answers, part_scores, with_trees
+    """``with_trees`` puts a part where the heads sit in the hybrid, the other parts at the model's weights per
+    question: the heads put back give w_heads * heads + w_trees * trees + w_lexical * lexical."""
+    from decisionkit.training.trainer import part_answers, with_trees
 
     _, model = quick_model
     cases = splits["test"].head(2)
     parts = part_answers(model, cases)
-    mixes = with_trees(model, cases, parts)
-    assert set(mixes) == {"heads alone + trees", "trees alone + trees"}
-    scored = part_scores(model, cases)
-    assert mixes["trees alone + trees"].overall() == pytest.approx(scored["trees alone"].overall(), nan_ok=True)
+    assert set(parts) == {"heads alone", "trees alone", "lexical alone"}
+    mixes = with_trees(model, cases, {name: parts[name] for name in ("heads alone", "lexical alone")})
+    assert set(mixes) == {"heads alone + trees", "lexical alone + trees"}
     case = cases[0]
     qid = next(iter(case.questions))
     w = model.structured.weights[case.workflow][qid]
-    expected = w * parts["heads alone"][0][qid] + (1 - w) * parts["trees alone"][0][qid]
+    expected = sum(w[part] * parts[f"{part} alone"][0][qid] for part in ("heads", "trees", "lexical"))
     row = mixes["heads alone + trees"].decisions.iloc[0]
     assert row["question"] == qid and row["confidence"] == pytest.approx(expected.max())

@@ -247,6 +247,7 @@ def question_costs(model, case, counts=(1, 2, 4, 8, 16, 32, 64), repeats: int = 
     on their size, so the real ones are timed), mixed through ``StructuredPart.mix`` after one read of the state's
     fields (``Fields.encode`` and ``surprise``), as ``decide`` reads them. Heads are synthetic as in
     ``head_scaling``, with each tree's number of options."""
+    from ..model.lexical import Lexical
     from ..model.structured import StructuredPart
 
     heads, encode_ms = head_scaling(model, case.text, counts, repeats=repeats)
@@ -255,15 +256,21 @@ def question_costs(model, case, counts=(1, 2, 4, 8, 16, 32, 64), repeats: int = 
     if part is None:
         return QuestionCosts(name, encode_ms, heads)
     device, workflow = model.backbone.device, case.workflow
-    real = list(part.trees[workflow])
+    real = list(part.weights[workflow])
     asked = [(f"{real[i % len(real)]} #{i}", real[i % len(real)]) for i in range(max(counts))]
-    synthetic = StructuredPart({workflow: part.fields[workflow]},
-                               {workflow: {q: part.trees[workflow][r] for q, r in asked}},
-                               {workflow: {q: part.weights[workflow][r] for q, r in asked}})
+    lexical = part.lexical if part.lexical is not None and workflow in part.lexical.models else None
+    if lexical is not None:
+        lexical = Lexical(lexical.vocabulary, {workflow: {q: lexical.models[workflow][r] for q, r in asked}}, lexical.c)
+    has_fields = workflow in part.trees
+    synthetic = StructuredPart({workflow: part.fields[workflow]} if has_fields else {},
+                               {workflow: {q: part.trees[workflow][r] for q, r in asked}} if has_fields else {},
+                               {workflow: {q: part.weights[workflow][r] for q, r in asked}}, lexical=lexical)
     features = model.encode(model.tokenize([case.text]))
-    linear = {q: nn.Linear(features.shape[-1], part.trees[workflow][r].options).to(device) for q, r in asked}
-    fields = part.fields[workflow]
-    fields_ms = _median_ms(lambda: fields.surprise([case.state], fields.encode([case.state])), repeats, device)
+    linear = {q: nn.Linear(features.shape[-1], len(case.questions[r].options)).to(device) for q, r in asked}
+    fields_ms = 0.0
+    if has_fields:
+        fields = part.fields[workflow]
+        fields_ms = _median_ms(lambda: fields.surprise([case.state], fields.encode([case.state])), repeats, device)
 
     def answer(n: int) -> None:
         logits = {workflow: {q: linear[q](features) for q, _ in asked[:n]}}

@@ -12,15 +12,16 @@ state each window belongs to), up to ``spec.max_windows`` windows: training read
 'state', 422 ``too_long`` on the wire).
 
 A hybrid model (``structured`` set, ``training.fit_structured``) also reads the state's own fields with gradient-
-boosted trees (``structured.py``, on ``fields.py``) and answers w * heads + (1 - w) * trees, a weight per question; its logits are
-the log of that mixture, so temperatures, routing and answers treat them as the heads'.
+boosted trees (``structured.py``, on ``fields.py``) and its words with the lexical part (``lexical.py``), and answers
+w_heads * heads + w_trees * trees + w_lexical * lexical, weights per question; its logits are the log of that
+mixture, so temperatures, routing and answers treat them as the heads'.
 
 What the model answers is in the model itself, from the state it defines: the temperatures (``Temperatures``, a part of
 the model like its router and trees, applied in ``answer_parts``; fitted on validation by ``calibration.calibrate``, for the probabilities and, apart, for
 the ``confidence`` field); the distance weight (``heads_weights``: with a router, an input far from the training
 data keeps a weight w < 1 of the heads' answers, its probabilities w * heads + (1 - w) * the training prior and its
 confidence w * the heads' confidence, ``answer_parts``, so a threshold on ``confidence`` alone sends it to a human;
-``raw=True``: the calibrated heads alone); answers in the System One shape (``systemone`` checks the questions and
+``raw=True``: the calibrated hybrid before the router); answers in the System One shape (``systemone`` checks the questions and
 formats each answer). Saving and loading is ``saving.py``; its features of a whole split come from the on-disk cache
 (``features.py``). Its public interface:
 
@@ -195,7 +196,7 @@ class DecisionModel(nn.Module):
     @torch.inference_mode()
     def outputs(self, cases: Split, raw: bool = False) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
         """``readout`` of a whole split, distance-aware when a router is fitted: what ``metrics.score`` takes.
-        ``raw=True``: the calibrated heads alone."""
+        ``raw=True``: the calibrated answers before the router (a hybrid's every part, no distance weight)."""
         output = self.split_output(cases)
         return self.readout(output, self.heads_weights(output, raw))
 
@@ -220,7 +221,7 @@ class DecisionModel(nn.Module):
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
                raw: bool = False) -> dict[str, dict]:
         """Answer ``questions`` (System One shape; default: every trained question) about ``state``. With a router,
-        the answers are distance-aware (``answer_parts``); ``raw=True`` gives the calibrated heads alone. A state
+        the answers are distance-aware (``answer_parts``); ``raw=True`` gives them before the router. A state
         longer than ``spec.max_length`` tokens is read in windows of that length, pooled across them, as the
         training features were; past ``spec.max_windows`` windows (``spec.max_tokens``) it is refused with a
         ``QuestionError`` on field 'state' (the server's 422 ``too_long``): training cuts such a state, but a client

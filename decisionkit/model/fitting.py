@@ -5,9 +5,9 @@
 - ``HeadRecipe``: how the heads were fitted once the choice is made (L2, steps, learning rate, ordinal weight). A
   model keeps its recipe, so that its heads can be fitted again on other cases or other features: on all of train
   (``refit_heads``), on folds of train (``cross_fit``), on the features of an int8 backbone (``latency``).
-- ``cross_fit``: for each fold of a set of cases, heads (and a hybrid's trees) fitted on the other folds. The router
-  scores every train case with heads that never saw it (``anomaly.fit_router``); the hybrid picks its mixing weights
-  on such out-of-fold answers (``training.fit_structured``).
+- ``cross_fit``: for each fold of a set of cases, heads (and a hybrid's other parts) fitted on the other folds. The
+  router scores every train case with heads that never saw it (``anomaly.fit_router``); the hybrid picks its mixing
+  weights on such out-of-fold answers of every part (``parts_out_of_fold``, ``training.fit_structured``).
 """
 
 from __future__ import annotations
@@ -187,16 +187,32 @@ def mix_out_of_fold(parts: dict, train: Split, scored: Split, folds: int = STRUC
     for k in range(folds):
         inside = Split(f"{train.name} - fold {k}", [c for c, f in zip(train, fold) if f != k], train.source)
         held = Split(f"{train.name}, fold {k}", [c for c, f in zip(train, fold) if f == k], train.source)
-        answers = {"trees": StructuredPart.fit(inside, rounds=rounds).answers(held),
+        answers = {"trees": StructuredPart.fit(inside, rounds=rounds, lexical=False).answers(held)["trees"],
                    **{name: part(inside, held) for name, part in parts.items()}}
         for name, found in answers.items():
             for i, own in zip(np.flatnonzero(fold == k), found):
                 held_out[name][i] = own
-    final = {"trees": StructuredPart.fit(train, rounds=rounds).answers(scored),
+    final = {"trees": StructuredPart.fit(train, rounds=rounds, lexical=False).answers(scored)["trees"],
              **{name: part(train, scored) for name, part in parts.items()}}
     weights = {name: part_weights(train, [held_out[name], held_out["trees"]]) for name in parts}
     weights["together"] = part_weights(train, [held_out[name] for name in [*parts, "trees"]])
     return OutOfFoldMix(*_mixed(scored, final, weights), weights, time.perf_counter() - started, held_out)
+
+
+def parts_out_of_fold(parts: StructuredPart, cases: Split, folds: int = STRUCTURED_FOLDS) -> dict[str, list[dict]]:
+    """Each of a hybrid's parts beside the heads (``parts``: trees, lexical, fitted on ``cases``) answering every
+    case of ``cases`` refitted on the other folds (``StructuredPart.refit``; ``cross_fit``'s folds): part -> one dict
+    per case (question -> probabilities; empty where the case's workflow has not that part)."""
+    held_out: dict[str, list[dict]] = {}
+    fold = fold_assignment(len(cases), folds)
+    for k in range(folds):
+        inside = Split(f"{cases.name} - fold {k}", [c for c, f in zip(cases, fold) if f != k], cases.source)
+        held = Split(f"{cases.name}, fold {k}", [c for c, f in zip(cases, fold) if f == k], cases.source)
+        for part, answers in parts.refit(inside).answers(held).items():
+            found = held_out.setdefault(part, [{} for _ in cases])
+            for i, own in zip(np.flatnonzero(fold == k), answers):
+                found[i] = own
+    return held_out
 
 
 @dataclass
@@ -219,19 +235,15 @@ class Fold:
                     states=states)
 
 
-def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False,
-              rounds: int = TREE_ROUNDS):
+def cross_fit(model, cases: Split, features: torch.Tensor, folds: int, structured: bool = False):
     """Yield a ``Fold`` for each of ``folds`` folds of ``cases`` (``features``: theirs, standardized): heads fitted
-    on the other folds by ``model.head_recipe``, and with ``structured`` the trees too (at the model's mixing
-    weights and boosting rounds, if it has them; else at ``rounds``). The folds are the same for every call on the
-    same cases."""
+    on the other folds by ``model.head_recipe``, and with ``structured`` a hybrid's other parts too
+    (``StructuredPart.refit``: its weights, boosting rounds and vocabulary). The folds are the same for every call
+    on the same cases (``parts_out_of_fold``'s)."""
     fold = fold_assignment(len(cases), folds)
-    weights = model.structured.weights if model.structured is not None else None
-    rounds = model.structured.rounds if model.structured is not None else rounds
     for k in range(folds):
         inside, held = np.flatnonzero(fold != k), np.flatnonzero(fold == k)
         rest = Split(f"{cases.name} - fold {k}", [cases[i] for i in inside], cases.source)
         heads = HeadSet(model.schema, features.shape[1]).to(features.device)
         refit_heads(heads, rest, features[inside], model.head_recipe)
-        yield Fold(inside, held, model.schema, heads.eval(),
-                   StructuredPart.fit(rest, weights, rounds=rounds) if structured else None)
+        yield Fold(inside, held, model.schema, heads.eval(), model.structured.refit(rest) if structured else None)

@@ -91,7 +91,7 @@ class ModelConfig:
     confidence_temperatures: dict[str, float] | None  # for the confidence field, when fitted apart
     head_fit: dict | None  # HeadRecipe: how stage 1 fitted the heads
     router: dict | None  # Router
-    structured: dict | None  # StructuredPart: a hybrid's fields, trees and weights
+    structured: dict | None  # StructuredPart: a hybrid's fields, trees, lexical part and weights
     format: int = FORMAT_VERSION
     decisionkit: str = __version__
     render_version: str = RENDER_VERSION
@@ -258,7 +258,7 @@ def restore(model, path: Path, saved: ModelConfig) -> None:
     model.temperatures = Temperatures(dict(saved.temperatures), saved.confidence_temperatures)
     model.head_recipe = HeadRecipe(**saved.head_fit) if saved.head_fit else None
     if saved.structured:
-        arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith("structured.")}
+        arrays = {k: v.numpy() for k, v in tensors.items() if k.startswith(("structured.", "lexical."))}
         model.structured = StructuredPart.from_saved(saved.structured, arrays)
     if saved.router:
         model.router = Router.from_saved(saved.router, tensors)

@@ -7,7 +7,9 @@ one-workflow model reads rows that name no workflow as its own, whatever the fil
 (``scenario:NAME``); its ``split`` when its rows name splits, else every row. Rows whose state the model was trained
 or calibrated on (its train and validation rows, by the digests it recorded: ``saving.seen_rows``) are left out and
 counted, so scoring the training export again scores only the rows the model held out, not the ones it learned. An
-``Evaluation`` is the ``Scores`` with what was scored (``scored``), what was left out and why (``left_out``), and the
+``Evaluation`` is the ``Scores`` of the raw answers (as the run report scores its splits), with the model as it
+answers them (``answered``: accuracy as answered, the share sent to a human, the accuracy of the cases it answers),
+what was scored (``scored``), what was left out and why (``left_out``), and the
 name of the file ``decisionkit evaluate`` writes it to (``output_name``).
 """
 
@@ -19,13 +21,14 @@ from pathlib import Path
 
 from ..data.cases import Split
 from ..data.decisions import load_decisions
-from ..data.metrics import Scores, score
+from ..data.metrics import Scores
 from ..data.questions import DataError, schema_json
 from ..data.scenarios import scenario_decisions, scenario_name
 from ..data.states import state_digest
 from ..model import saving
 from ..model.decision_model import load
 from ..model.predict import reading_for
+from .answered import answered, shown
 
 LEFT_OUT = {"train": "trained on (its train rows)", "validation": "calibrated and routed on (its validation rows)"}
 
@@ -39,12 +42,17 @@ class Evaluation(Scores):
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> rows left out
     recorded: bool = True  # False: the model keeps no record of its rows, so none could be left out
     output_name: str = "eval-test.json"  # what `decisionkit evaluate` names its output
+    answered: dict = field(default_factory=dict)  # ``answered.Answered.summary``: as answered, routed share
 
     def note(self) -> str:
         """One line: how many rows were scored, and which were left out and why."""
         left = ", ".join(f"{n} {why}" for why, n in self.left_out.items() if n)
         unknown = "" if self.recorded else " (the model keeps no record of the rows it trained on: none left out)"
         return f"{self.rows} rows of {self.scored} scored" + (f"; left out {left}" if left else "") + unknown
+
+    def answered_line(self) -> str:
+        """The model as it answers these rows, in words (``answered.shown``)."""
+        return shown(self.answered) if self.answered else ""
 
 
 def _output_name(data, split: str) -> str:
@@ -75,8 +83,7 @@ def evaluate(path_or_model, split: str = "test", data=None, schema=None, **readi
             raise ValueError("an in-memory model has no record of its data: pass data=...")
         cases = saving.held_out_rows(folder) if split == "test" else saving.recorded_split(folder, split)
         what = "the test rows it kept" if split == "test" else f"its recorded {split} split"
-        return Evaluation(score(cases, *model.outputs(cases)).decisions, scored=what, rows=len(cases),
-                          output_name=_output_name(None, split))
+        return _evaluation(model, cases, scored=what, output_name=_output_name(None, split))
     cases = scored_split(data, split, schema or schema_json(model.schema), **reading_for(model, reading))
     seen = saving.seen_rows(folder) if saved else None
     left_out = {}
@@ -91,5 +98,11 @@ def evaluate(path_or_model, split: str = "test", data=None, schema=None, **readi
                             "it held out)")
         cases = Split(cases.name, kept, cases.source)
     what = str(data) if isinstance(data, (str, Path)) else cases.source
-    return Evaluation(score(cases, *model.outputs(cases)).decisions, scored=what, rows=len(cases),
-                      left_out=left_out, recorded=seen is not None, output_name=_output_name(data, split))
+    return _evaluation(model, cases, scored=what, left_out=left_out, recorded=seen is not None,
+                       output_name=_output_name(data, split))
+
+
+def _evaluation(model, cases: Split, **how) -> Evaluation:
+    """The raw scores of ``cases`` (as the run report scores its splits), with the model as it answers them."""
+    found = answered(model, cases)
+    return Evaluation(found.raw.decisions, rows=len(cases), answered=found.summary(), **how)

@@ -5,8 +5,9 @@
   weights (``trainer.fit_model``), the temperatures (typed-decisions: fitted on validation, ``calibration.calibrate``;
   your own data, small: out of fold on train plus validation, ``calibration.calibrate_out_of_fold``), the router
   (``anomaly.fit_router``) checked on the held-out test rows and on the project's off-domain set read as states of
-  the data's own workflows (``anomaly.off_domain``), validation and test scored as the saved model answers them,
-  against the majority answer of each question and a hybrid's parts apart; the model, what it was trained on
+  the data's own workflows (``anomaly.off_domain``), validation and test scored raw (before the router, as each of a
+  hybrid's parts and the majority answer of each question are scored beside them) and as the saved model answers them
+  (``answered.answered``: accuracy as answered, the share sent to a human, the accuracy of the cases it answers); the model, what it was trained on
   (``saving.write_data``) and the report saved. ``out`` is checked before anything trains and held by one run at a
   time; everything is written in a working folder beside it (``.NAME.training``, where an interrupted fine-tuning run
   of the same data resumes) and moved into ``out`` once whole, beside whatever else ``out`` held (``run_folder``): a
@@ -30,6 +31,7 @@ from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel
 from . import presets
 from .anomaly import evaluate_scores, fit_router, off_domain
+from .answered import answered
 from .calibration import calibrate, calibrate_out_of_fold
 from .presets import DEFAULT_PRESET, Preset
 from .report import RunReport
@@ -90,7 +92,8 @@ def _train(p: Preset, decisions: Decisions, out: Path, work: Path, zero_shot: in
     routing = {}
     if route:
         routing = routed(model, splits, off_domain(splits["train"].workflows, p.off_domain_per_kind))
-    scores = {name: score(splits[name], *model.outputs(splits[name])) for name in ("validation", "test")}
+    shipped = {name: answered(model, splits[name]) for name in ("validation", "test")}  # raw, and as answered
+    scores = {name: found.raw for name, found in shipped.items()}
     model.save(work)
     saving.write_data(work, decisions, splits["test"])
     baselines = {f"majority per question ({len(splits['test'])} test cases)":
@@ -112,7 +115,8 @@ def _train(p: Preset, decisions: Decisions, out: Path, work: Path, zero_shot: in
                      "confidence_temperatures": calibration.confidence_temperatures,
                      "table": {f"{split}/{stage}": row for (split, stage), row in
                                calibration.table().to_dict(orient="index").items()}},
-        routing=routing, data=decisions.record)
+        routing=routing, data=decisions.record,
+        answered={name: found.summary() for name, found in shipped.items()})
     trained = Trained(model, report, fitted, splits, decisions)
     if zero_shot:
         add_zero_shot(trained, zero_shot, progress)

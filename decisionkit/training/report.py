@@ -15,6 +15,7 @@ from ..core.environment import environment
 from ..data.metrics import Scores, accuracy_interval, paired_difference
 from ..data.seed import SEED
 from ..model.saving import DECISIONS_FILE, HISTORY_FILE, REPORT_FILE, REPORT_PAGE
+from .answered import shown
 
 # Quoted from the course's reference run (the seed: its figures live in data.seed.SEED, the one place that holds
 # them) and the benchmark's leaderboard, never recomputed here.
@@ -61,6 +62,7 @@ class RunReport:
     calibration: dict = field(default_factory=dict)  # temperatures and the before/after table
     routing: dict = field(default_factory=dict)  # the threshold and the share of each set sent to a human
     data: dict = field(default_factory=dict)  # what it was trained on (``Decisions.record``: rows, splits, schema)
+    answered: dict = field(default_factory=dict)  # split -> ``answered.Answered.summary``: as answered, routed share
 
     @property
     def benchmark(self) -> bool:
@@ -76,15 +78,23 @@ class RunReport:
             "baselines": {name: _metrics(s) for name, s in self.baselines.items()},
             "calibration": self.calibration,
             "routing": self.routing,
+            "answered": self.answered,
             "environment": environment(),
             "commit": git_commit(),
         }
 
     def table(self) -> pd.DataFrame:
+        """Every row scored the same way: the trained model's raw answers (before the router) on each split, then
+        the baselines on theirs (``answered_table``: the model as it answers)."""
         rows = {f"trained model ({split})": s.overall() for split, s in self.scores.items()}
         rows.update({name: s.overall() for name, s in self.baselines.items()})
         return pd.DataFrame(rows).T[["decisions", "accuracy", "accuracy_label", "kl", "brier", "ece",
                                      "ece_confidence"]]
+
+    def answered_table(self) -> pd.DataFrame:
+        """Per split, the trained model raw and as it answers: accuracy as answered, the share sent to a human, the
+        cases it answers and their accuracy (``answered.Answered.summary``)."""
+        return pd.DataFrame.from_dict(self.answered, orient="index").rename_axis("split")
 
     def card(self) -> str:
         lines = [f"backbone   {self.backbone['name']} ({self.backbone['source']})"]
@@ -101,6 +111,7 @@ class RunReport:
             lines.append(f"{name:<34} accuracy {row['accuracy']:.3f}  KL {row['kl']:.3f}  "
                          f"Brier {row['brier']:.3f}  ECE {row['ece']:.3f}  ECE of confidence "
                          f"{row['ece_confidence']:.3f}")
+        lines += [f"{split:<10} {shown(summary)}" for split, summary in self.answered.items()]
         if "threshold" in self.routing:
             lines.append(f"routing    {self.routing['score']} threshold {self.routing['threshold']:.3g}")
         lines += [f"routing    {k} {v:.1%}" for k, v in self.routing.items() if k.endswith("sent to a human")]
@@ -108,7 +119,11 @@ class RunReport:
 
     def markdown(self) -> str:
         parts = ["# decisionkit run report", "", "```", self.card(), "```", "",
-                 "## Scores", "", self.table().round(4).to_markdown(), ""]
+                 "## Scores", "", "Every row scored the same way: raw answers, before the router.", "",
+                 self.table().round(4).to_markdown(), ""]
+        if self.answered:
+            parts += ["## As answered", "", "The trained model as it answers: distance-aware, with the router's "
+                      "verdict on each case.", "", self.answered_table().round(4).to_markdown(), ""]
         for split, s in self.scores.items():
             parts += [f"## {split}: by question type", "", s.summary("type").round(4).to_markdown(), "",
                       f"## {split}: by workflow", "", s.summary("workflow").round(4).to_markdown(), ""]
@@ -144,7 +159,7 @@ class RunReport:
         history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text(encoding="utf-8"))["history"])
         data = {k: v for k, v in saved["data"].items() if k != "source"}
         return cls(saved["backbone"], saved["data"]["source"], saved["training"], pick("scores"), pick("baselines"),
-                   history, saved.get("calibration", {}), saved.get("routing", {}), data)
+                   history, saved.get("calibration", {}), saved.get("routing", {}), data, saved.get("answered", {}))
 
     def ladder(self, split: str = "test") -> "Ladder":
         """The baselines scored on ``split``'s cases (the majority answer per question, a hybrid's parts apart), weakest

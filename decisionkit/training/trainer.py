@@ -22,7 +22,7 @@ import os
 import platform
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,17 +38,17 @@ from ..data.metrics import Scores, score
 from ..data.scenarios import scenario_decisions, scenario_name
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel, load
-from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, refit_heads
+from ..model.fitting import STRUCTURED_FOLDS, cross_fit, fit_heads, parts_out_of_fold, refit_heads
 from ..model.heads import group_rows
 from ..model.output import DecisionOutput
 from ..model.saving import HISTORY_FILE
-from ..model.structured import StructuredPart, mix_weights, mixed
+from ..model.structured import StructuredPart, choose_weights, named_blend
 from ..model.trees import TREE_ROUNDS
 from ..model.windows import over_cap
 from .finetune import cut_lengths, finetune, mixed_steps, one_process, optimizer_step, prepare
 from .presets import Preset, preset
 
-PARTS = ("heads", "trees", "hybrid")  # what ``fit_structured`` scores out of fold
+PARTS = ("heads", "trees", "lexical", "hybrid")  # what ``fit_structured`` scores out of fold
 
 
 def peak_memory_gb(device: str) -> float:
@@ -60,67 +60,72 @@ def peak_memory_gb(device: str) -> float:
 
 @dataclass
 class StructuredFit:
-    """How the hybrid was fitted: each part's and the mixture's out-of-fold scores on train, and the weights."""
+    """How the hybrid was fitted: each part's and the mixture's out-of-fold answers and scores on train, and the
+    weights."""
 
-    scores: pd.DataFrame  # (part, workflow) -> accuracy, KL: heads alone, trees alone, hybrid
-    weights: dict[str, dict[str, float]]  # workflow -> question -> weight of the heads
+    scores: pd.DataFrame  # (part, workflow) -> accuracy, KL: heads, trees and lexical alone, hybrid
+    weights: dict[str, dict[str, dict[str, float]]]  # workflow -> question -> part -> weight
+    held_out: dict[str, list[dict]] = field(default_factory=dict, repr=False)  # part -> out-of-fold answers
 
     def table(self) -> pd.DataFrame:
-        """Out-of-fold accuracy by workflow (and all), one column per part."""
-        return self.scores["accuracy"].unstack("part")[list(PARTS)]
+        """Out-of-fold accuracy by workflow (and all), one column per part (a part a workflow lacks: blank)."""
+        table = self.scores["accuracy"].unstack("part")
+        return table[[p for p in PARTS if p in table.columns]]
 
 
 def fit_structured(model: DecisionModel, cases: Split, features: torch.Tensor, folds: int = STRUCTURED_FOLDS,
-                   rounds: int = TREE_ROUNDS) -> StructuredFit:
-    """Make ``model`` the hybrid: trees on the fields of ``cases`` (the heads' training cases; ``features``: theirs,
-    standardized), averaged with the heads at a weight per question chosen on out-of-fold predictions of both (each
-    case scored by heads and trees fitted on the other folds), then fitted on every case. On a model that is already
-    a hybrid, its trees and weights are fitted again (at ``rounds``), as on the heads alone."""
-    model.structured = None  # the folds' heads are read alone, and the trees are fitted anew
-    heads: list[dict] = [{} for _ in cases]
-    trees: list[dict] = [{} for _ in cases]
-    for fold in cross_fit(model, cases, features, folds, structured=True, rounds=rounds):
-        held = [cases[i] for i in fold.held]
-        output = fold.read(features[fold.held], [c.workflow for c in held], trees=False)
+                   rounds: int = TREE_ROUNDS, lexical: bool = True) -> StructuredFit:
+    """Make ``model`` the hybrid: trees on the fields of ``cases``' JSON states and (``lexical``) the lexical part on
+    their words, fitted on ``cases`` (the heads' training cases; ``features``: theirs, standardized), mixed with the
+    heads at weights per question chosen on out-of-fold answers of every part (each case answered by parts fitted on
+    the other folds; the lexical part's vocabulary is fitted once, on every case). On a model that is already a
+    hybrid, its parts and weights are fitted again (at ``rounds``), as on the heads alone."""
+    model.structured = None  # the folds' heads are read alone, and the other parts are fitted anew
+    parts = StructuredPart.fit(cases, rounds=rounds, lexical=lexical)  # fitted on every case: what the model keeps
+    held_out: dict[str, list[dict]] = {"heads": [{} for _ in cases]}
+    for fold in cross_fit(model, cases, features, folds):
+        output = fold.read(features[fold.held], [cases[i].workflow for i in fold.held], trees=False)
         for i, logits in zip(fold.held, output.per_case()):
-            heads[i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
-        for i, answers in zip(fold.held, fold.structured.answers(Split("held", held, cases.source))):
-            trees[i] = answers
-    weights = mix_weights(cases, heads, trees)
-    hybrid = mixed(cases, heads, trees, weights)
+            held_out["heads"][i] = {qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in logits.items()}
+    held_out.update(parts_out_of_fold(parts, cases, folds))
+    parts.weights = choose_weights(cases, held_out)
     frames = {}
-    for part, predictions in zip(PARTS, (heads, trees, hybrid)):
-        scores = score(cases, predictions)
+    for part, predictions in {**held_out, "hybrid": named_blend(cases, held_out, parts.weights)}.items():
+        scored = [i for i, own in enumerate(predictions) if own]  # a part scores the workflows it answers
+        mine = Split(cases.name, [cases[i] for i in scored], cases.source)
+        scores = score(mine, [predictions[i] for i in scored])
         frames[part] = pd.concat([scores.summary("workflow"), scores.summary()])[["accuracy", "kl"]]
-    model.structured = StructuredPart.fit(cases, weights, rounds=rounds)
-    return StructuredFit(pd.concat(frames, names=["part", "workflow"]), weights)
+    model.structured = parts
+    return StructuredFit(pd.concat(frames, names=["part", "workflow"]), parts.weights, held_out)
 
 
 def part_answers(model: DecisionModel, cases: Split) -> dict[str, list[dict[str, np.ndarray]]]:
-    """Each case's answer distributions from a hybrid's parts apart: the heads alone and the trees alone, neither
-    calibrated."""
+    """Each case's answer distributions from a hybrid's parts apart, none calibrated: "heads alone", "trees alone"
+    (only when every workflow of ``cases`` has fields: trees answer nothing for text states) and "lexical alone"
+    (when the model has one)."""
     features = model.split_features(cases)
     rows = group_rows(cases.case_workflows)
     with torch.no_grad():
         heads = DecisionOutput(features, cases.case_workflows, model.heads.read(features, rows), rows).per_case()
-    return {"heads alone": [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
-                            for h in heads],
-            "trees alone": model.structured.answers(cases)}
+    out = {"heads alone": [{qid: torch.softmax(z.double(), -1).cpu().numpy() for qid, z in h.items()}
+                           for h in heads]}
+    for part, answers in model.structured.answers(cases).items():
+        if all(answers):
+            out[f"{part} alone"] = answers
+    return out
 
 
 def part_scores(model: DecisionModel, cases: Split) -> dict[str, Scores]:
     """A hybrid's parts scored apart on ``cases`` (``part_answers``): the parts a hybrid is measured against, it
-    should beat both."""
+    should beat each."""
     return {name: score(cases, answers) for name, answers in part_answers(model, cases).items()}
 
 
 def with_trees(model: DecisionModel, cases: Split, parts: dict[str, list[dict[str, np.ndarray]]]) -> dict[str, Scores]:
-    """Each of ``parts`` (name -> each case's answer distributions, e.g. ``part_answers``' heads or a token head)
-    mixed with the hybrid's trees at the hybrid's own weights per question, uncalibrated: "NAME + trees". The same
-    weights for every part, so the rows differ by the part alone."""
-    trees = model.structured.answers(cases)
-    return {f"{name} + trees": score(cases, mixed(cases, answers, trees, model.structured.weights))
-            for name, answers in parts.items()}
+    """Each of ``parts`` (name -> each case's answer distributions, e.g. ``part_answers``' heads or a token head) put
+    where the heads sit in the hybrid: mixed with its other parts at its own weights per question, uncalibrated:
+    "NAME + trees". The same weights for every part, so the rows differ by the part alone."""
+    return {f"{name} + trees": score(cases, model.structured.blend(cases, answers)) for name, answers in parts.items()}
 
 
 @dataclass
@@ -138,6 +143,7 @@ class TrainResult:
     extra: dict = field(default_factory=dict)
     model: DecisionModel | None = field(default=None, repr=False)
     cases: dict[str, Split] = field(default_factory=dict, repr=False)
+    hybrid: StructuredFit | None = field(default=None, repr=False)  # how a hybrid's weights were chosen
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame({"value": {
@@ -227,8 +233,8 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
     """The weights of preset ``p``'s model on ``data`` (``decisions_of``; default: the preset's dataset): stage 1
     (heads, and a hybrid's trees) and stage 2 (fine-tuning), the best saved to ``out``, neither calibrated nor
     routed. ``decisionkit.train`` (``pipeline.train``) calls this, then calibrates and routes; a lesson that shows
-    those steps itself starts here. A hybrid preset on a workflow whose states are all text fits the heads alone
-    (trees read a JSON state's fields), and says so (``extra["trees"]``)."""
+    those steps itself starts here. A hybrid preset gives a workflow whose states are all text no trees (they read a
+    JSON state's fields), and says so (``extra["trees"]``); ``extra["parts"]`` names each workflow's parts."""
     one_process(int(os.environ.get("WORLD_SIZE", "1")))  # a torchrun / accelerate launch: refused before stage 1
     p = preset(p) if isinstance(p, str) else p
     out = Path(out)
@@ -236,9 +242,9 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
     text_only = data.text_workflows
     trees_note = {}
     if p.structured and text_only:
-        p = replace(p, structured=False)
-        trees_note = {"trees": f"left out: the states of {', '.join(text_only)} are text, and trees read the fields "
-                               "of a JSON state; the heads answer alone"}
+        trees_note = {"trees": f"none for {', '.join(text_only)}: their states are text, and trees read the fields "
+                               "of a JSON state; " + ("the heads and the lexical part answer there" if p.lexical
+                                                      else "the heads answer there alone")}
     started = time.perf_counter()
     backbone = load_backbone(p.backbone, quantize="4bit" if p.mode == "qlora" else None)
     # seeded after the load: a process's first load probes the compute dtype on random matrices, and the dropout
@@ -264,6 +270,7 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
              f"train states past {model.spec.max_windows} windows of {model.spec.max_length} tokens":
                  len(over_cap(model, pool)),
              **trees_note, **backbone.precision.describe()}
+    hybrid_fit = None
     if p.mode == "heads":
         model.head_recipe = fit.recipe
         if p.dev_per_workflow:  # the choice is made: fit again on every training case
@@ -271,9 +278,11 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
             refit_heads(model.heads, pool, train_x, fit.recipe)
             extra["train cases"] = len(pool)
         if p.structured:
-            hybrid = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x, rounds=p.tree_rounds)
-            extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid.scores.loc[(part, "all"), "accuracy"]), 4)
-                          for part in PARTS})
+            hybrid_fit = fit_structured(model, pool if p.dev_per_workflow else train_split, train_x, rounds=p.tree_rounds,
+                                    lexical=p.lexical)
+            extra.update({f"out-of-fold accuracy, {part}": round(float(hybrid_fit.scores.loc[(part, "all"), "accuracy"]), 4)
+                          for part in PARTS if (part, "all") in hybrid_fit.scores.index})
+            extra["parts"] = {w: model.structured.parts(w) for w in model.schema}
         model.save(out)
         model.eval()
     else:
@@ -284,7 +293,7 @@ def fit_model(p: Preset | str, out: str | Path, data=None, resume: bool = True,
     seconds = time.perf_counter() - started
     peak = peak_memory_gb(backbone.device)
     result = TrainResult(p, pd.DataFrame(history), best, seconds, peak, out, extra, model,
-                         {"train": pool, "validation": validation})
+                         {"train": pool, "validation": validation}, hybrid_fit)
     write_text(out / HISTORY_FILE, json.dumps({
         "preset": p.to_json(), "history": history, "best_val_loss": best, "seconds": seconds, "peak_memory_gb": peak,
         "machine": platform.platform(), **extra}, indent=2, default=str))
