@@ -161,14 +161,15 @@ class StructuredPart:
                             ).set_index(["workflow", "question"])
 
     def probabilities(self, states: Sequence[Any], workflow: str, questions: Sequence[str],
-                      x: np.ndarray | None = None) -> dict[str, dict[str, np.ndarray]]:
+                      x: np.ndarray | None = None, parts: set[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
         """Each part's answer distributions (the heads' aside) for ``states`` of ``workflow``: part -> question ->
-        (states, options); ``x``: their ``Fields.encode``, when the caller has it already."""
+        (states, options); ``x``: their ``Fields.encode``, when the caller has it already; ``parts``: only these."""
         out = {}
-        if workflow in self.trees:
+        wanted = set(self.parts(workflow)) if parts is None else parts
+        if workflow in self.trees and "trees" in wanted:
             x = self.fields[workflow].encode(states) if x is None else x
             out["trees"] = {qid: self.trees[workflow][qid].probabilities(x) for qid in questions}
-        if "lexical" in self.parts(workflow):
+        if "lexical" in self.parts(workflow) and "lexical" in wanted:
             out["lexical"] = self.lexical.probabilities(states, workflow, questions)
         return out
 
@@ -203,7 +204,10 @@ class StructuredPart:
             if workflow in self.fields:
                 x = self.fields[workflow].encode(mine)
                 surprise[rows[workflow]] = self.fields[workflow].surprise(mine, x)
-            others = self.probabilities(mine, workflow, list(per_question), x)
+            # only the parts some asked question gives weight: a question the heads answer alone costs no TF-IDF
+            wanted = {part for qid in per_question for part, w in self.weights[workflow][qid].items()
+                      if part != "heads" and w > 0}
+            others = self.probabilities(mine, workflow, list(per_question), x, wanted) if wanted else {}
             out[workflow] = {}
             for qid, z in per_question.items():
                 weights = self.weights[workflow][qid]

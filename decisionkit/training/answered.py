@@ -42,10 +42,6 @@ class Answered:
                 "answered cases": self.cases - len(self.human),
                 "accuracy of the answered cases": float(answered["correct"].mean()) if len(answered) else float("nan")}
 
-    def line(self) -> str:
-        """The summary in words, at ``ROUNDING``."""
-        return shown(self.summary())
-
 
 def shown(summary: dict) -> str:
     """A ``summary`` (saved in a report's JSON) in words, at ``ROUNDING``."""
