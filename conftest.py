@@ -26,9 +26,9 @@ if "DECISIONKIT_DTYPE" not in os.environ:
 # synthetic logits and features and the tiny random backbone, seconds each.
 INTEGRATION_FILES = {"test_browser.py", "test_wheel.py", "test_serve.py", "test_serve_own_data.py",
                      "test_serve_lifecycle.py", "test_serve_edges.py", "test_cli.py", "test_checkpoint.py",
-                     "test_course_run.py"}
+                     "test_course_run.py", "test_review_page.py", "test_loop_postgres.py"}
 TRAINING_FILES = {"test_training.py", "test_probe.py", "test_token_head.py", "test_own_data.py"}
-INTEGRATION_FIXTURES = {"quick_model", "ngs_qc_run"}
+INTEGRATION_FIXTURES = {"quick_model", "ngs_qc_run", "postgres_url"}
 
 
 def pytest_collection_modifyitems(config, items):

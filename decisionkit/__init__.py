@@ -3,7 +3,8 @@
 The library is in subpackages, lowest layer first (``tests/test_layers.py`` holds them to it): ``core`` (settings,
 atomic saves, the compute dtype, the machine, figures), ``data`` (typed-decisions, the scenarios, the benchmark's
 metrics), ``contract`` (System One), ``model`` (what a decision model is made of, loading and answering),
-``training`` (presets, the training call, calibration, routing, reports), ``serving`` (the HTTP server) and
+``training`` (presets, the training call, calibration, routing, reports), ``loop`` (the decision log, the review
+queue, training on reviews and promoting), ``serving`` (the HTTP server) and
 ``course`` (the notebooks' labs). The names below are imported from them on first use, so ``import decisionkit``
 and ``decisionkit.load`` pull in no training, course or plotting code, and a server starts without them.
 """
@@ -35,6 +36,9 @@ _EXPORTS = {
     "calibrate": "training.calibration",
     "fit_router": "training.anomaly",
     "serve": "serving.app",
+    "DecisionLog": "loop.log",
+    **dict.fromkeys(["reviews", "answer"], "loop.reviews"),
+    **dict.fromkeys(["promote", "train_with_reviews"], "loop.retrain"),
 }
 
 __all__ = ["__version__", *_MODULES, *_EXPORTS]

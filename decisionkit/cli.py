@@ -21,6 +21,7 @@ and exit status 2; anything else is a bug and shows its traceback (``DECISIONKIT
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ from .core import settings
 from .core.atomic import write_text
 from .core.errors import UserError
 from .core.extras import needs_extra
+from .loop import AUDIT_SHARE
 from .serving.config import Batching, Limits
 
 # Parsing the command line imports nothing heavy (no torch, pandas or safetensors: `decisionkit --help` answers at
@@ -73,6 +75,12 @@ def run_training(args):
     from .training.trainer import decisions_of
 
     sizes = {name: getattr(args, name) for name in SIZES if getattr(args, name, None) is not None}
+    if getattr(args, "reviews", None):  # the served model's own recipe unless --preset
+        from .loop.retrain import train_with_reviews
+
+        return train_with_reviews(args.data, args.reviews, args.out, schema=args.schema, preset=args.preset,
+                                  served=args.served, overrides=sizes, progress=not args.quiet,
+                                  **reading_of(args)).report
     args.preset = args.preset or DEFAULT_PRESET
     p = preset(args.preset, **sizes)
     check_out(args.out)  # before the data is read: a folder of the user's files is refused at once
@@ -176,9 +184,11 @@ def cmd_decide(args) -> int:
     return 2 if refused else 0
 
 
-def cmd_serve(args) -> int:
-    import ipaddress
+def _loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
+
+def cmd_serve(args) -> int:
     from .serving.app import serve
 
     api_key = args.api_key or settings.api_key(args.api_key_file)  # never printed, nor logged
@@ -188,15 +198,41 @@ def cmd_serve(args) -> int:
     elif args.api_key_file and os.name == "posix" and Path(args.api_key_file).expanduser().stat().st_mode & 0o004:
         print(f"warning: every user of this machine may read {args.api_key_file}; chmod 600 it", file=sys.stderr,
               flush=True)
-    if not api_key and not (args.host == "localhost" or ipaddress.ip_address(args.host).is_loopback):
+    if not api_key and not _loopback(args.host):
         print(f"warning: serving on {args.host} without an API key: anyone who reaches the port may call it "
               f"(${settings.API_KEY_ENV} or --api-key-file)", file=sys.stderr, flush=True)
 
     limits = Limits(**{name: getattr(args, name) for name in asdict(Limits())})
+    log = None
+    if args.log:  # opened and checked before anything starts: a log that cannot be used stops here, in one line
+        from .loop.log import DecisionLog
+
+        log = DecisionLog(args.log, audit_share=args.audit_share)
+    kept = (f"; every answer kept in {log.shown} (reviews at /v1/reviews, the page at /review; "
+            f"{args.audit_share:.0%} audited)" if log else "")
     print(f"serving {', '.join(args.runs)} on http://{args.host}:{args.port} (POST /v1/systemone, GET /v1/models, "
-          f"GET /health, docs at /docs){'; API key required' if api_key else ''}; Ctrl-C or SIGTERM stops", flush=True)
+          f"GET /health, docs at /docs){'; API key required' if api_key else ''}{kept}; Ctrl-C or SIGTERM stops, "
+          "SIGHUP reloads a promoted model", flush=True)
     serve(args.runs, args.host, args.port, Batching(args.max_batch_size, args.batch_timeout), limits,
-          api_key=api_key)
+          api_key=api_key, log=log)
+    return 0
+
+
+def cmd_review(args) -> int:
+    from .serving.review_routes import review
+
+    api_key = settings.api_key(args.api_key_file)
+    if not api_key and not _loopback(args.host):
+        print(f"warning: reviewing on {args.host} without an API key: anyone who reaches the port reads the states "
+              f"and answers them (${settings.API_KEY_ENV} or --api-key-file)", file=sys.stderr, flush=True)
+    review(args.log, args.host, args.port, api_key)
+    return 0
+
+
+def cmd_promote(args) -> int:
+    from .loop.retrain import promote
+
+    print(promote(args.run, args.over).line())
     return 0
 
 
@@ -237,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--out", required=True,
                              help="folder for the model, its data record and its report: a new or empty folder, or "
                                   "an earlier model's (only its own files are replaced); any other folder is refused")
+            sub.add_argument("--reviews", default=None, metavar="PATH_OR_URL",
+                             help="a decision log (decisionkit serve --log): train on its reviewed cases too, with "
+                                  "the served model's recipe unless --preset, and compare with that model")
+            sub.add_argument("--served", default=None, metavar="RUN",
+                             help="with --reviews: the model that served them (default: the folder the log names)")
             for size, help_text in SIZES.items():
                 sub.add_argument(f"--{size.replace('_', '-')}", type=int, metavar="N",
                                  help=f"{help_text} (default: the preset's)")
@@ -303,7 +344,28 @@ def build_parser() -> argparse.ArgumentParser:
     for name, value in asdict(limits).items():
         sub.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value,
                          help=f"see decisionkit.serving.config.Limits (default {value})")
+    sub.add_argument("--log", default=None, metavar="PATH_OR_URL",
+                     help="keep every answer, and queue for review what goes to a human: a SQLite file path, or a "
+                          "database URL (postgresql+psycopg://user@host/db) several servers may share")
+    sub.add_argument("--audit-share", type=float, default=AUDIT_SHARE, metavar="SHARE",
+                     help=f"with --log, the share of answered requests also queued for review at random (default "
+                          f"{AUDIT_SHARE})")
     sub.set_defaults(handler=cmd_serve)
+
+    sub = commands.add_parser("review", help="the review page and /v1/reviews over a decision log, no model loaded")
+    sub.add_argument("log", metavar="PATH_OR_URL", help="the decision log (decisionkit serve --log)")
+    sub.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sub.add_argument("--port", type=int, default=8001)
+    sub.add_argument("--api-key-file", default=None, metavar="PATH",
+                     help=f"ask every call for Authorization: Bearer KEY, KEY the first line of PATH (default: "
+                          f"${settings.API_KEY_ENV}; the page asks for it)")
+    sub.set_defaults(handler=cmd_review)
+
+    sub = commands.add_parser("promote", help="serve RUN under the name of the model it was compared with, if it is "
+                                              "not worse (a server takes it on SIGHUP)")
+    sub.add_argument("run", help="the new model's run folder (decisionkit train --reviews)")
+    sub.add_argument("--over", required=True, metavar="RUN", help="the run folder the server was started with")
+    sub.set_defaults(handler=cmd_promote)
 
     sub = commands.add_parser("pooling", help="compare poolings and layers with linear probes on a sample")
     sub.add_argument("--backbone", default=None, help="hub id or local folder (default: offline SmolLM2-135M)")

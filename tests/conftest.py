@@ -75,3 +75,16 @@ def quick_model(splits):
     uniform = score(validation, uniform_predictions(validation)).overall()["accuracy"]
     assert accuracy > uniform + 0.1, f"quick model: validation accuracy {accuracy:.3f}, uniform answers {uniform:.3f}"
     return path, model
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """The URL of a database on a throwaway PostgreSQL server (tests/postgres.py: 127.0.0.1 only, its own port),
+    stopped and deleted at the session's end; the test is skipped, with the reason, where none can start."""
+    from postgres import Server, Unavailable
+
+    try:
+        with Server() as server:
+            yield server.url
+    except Unavailable as err:
+        pytest.skip(f"no PostgreSQL server here: {err}")

@@ -23,8 +23,9 @@ from decisionkit.core import precision
 from decisionkit.core.precision import ANSWER_TOLERANCE
 from decisionkit.course import serve_lab
 from decisionkit.data import questions
-from decisionkit.serving.app import ENDPOINT, READINESS_PATH, RequestLimits, contract_app, zstd
+from decisionkit.serving.app import ENDPOINT, READINESS_PATH, contract_app
 from decisionkit.serving.config import Limits
+from decisionkit.serving.reading import RequestLimits, zstd
 
 KEY = "test-key-7f3a"
 READ_TIMEOUT = 0.5  # seconds; short, so the stalled body's 408 comes quickly
@@ -250,7 +251,7 @@ def test_request_limits_keep_stalled_uploads_off_the_model_and_answer_503_with_r
         await release.wait()
         return {}
 
-    limited = RequestLimits(app, Limits(max_in_flight=2, max_reading=3, retry_after=3))
+    limited = RequestLimits(app, Limits(max_in_flight=2, max_reading=3, retry_after=3), ENDPOINT)
 
     async def stalling():  # a body's first byte, then nothing until unstalled
         yield b"{"

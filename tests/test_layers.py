@@ -23,6 +23,7 @@ LAYERS = [  # lowest first: (layer, the subpackages or top-level modules in it)
     ("the System One contract", {"contract"}),
     ("the model", {"model"}),
     ("training and measuring a model", {"training"}),
+    ("closing the loop: the decision log, reviews, retraining", {"loop"}),
     ("serving", {"serving"}),
     ("the course's labs", {"course"}),
     ("entry points", {"cli", "__main__", "__init__"}),

@@ -278,7 +278,7 @@ def test_every_number_in_prose_is_shown_set_or_quoted(path):
 
 
 def test_there_are_notebooks_to_check():
-    assert len(NOTEBOOKS) == 11  # 00-09 and the solutions, 10
+    assert len(NOTEBOOKS) == 12  # 00-09, the solutions (10) and 11
 
 
 # The rule itself, on small cells.

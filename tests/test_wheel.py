@@ -37,8 +37,8 @@ SOURCES = ("pyproject.toml", "README.md", "LICENSE", "decisionkit")  # what the 
 # cache warm), most of it extracting features. Its test accuracy on these 30 cases: 0.833, the majority answer's 0.540.
 TRAIN_CASES, TEST_CASES = 40, 30
 MARGIN = 0.15  # how far above the majority answer the installed model must be
-DATA_FILES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "decisionkit" / "scenario_data").rglob("*")
-                    if p.is_file())
+DATA_FILES = sorted([p.relative_to(ROOT).as_posix() for p in (ROOT / "decisionkit" / "scenario_data").rglob("*")
+                     if p.is_file()] + ["decisionkit/serving/review_page.html"])  # the review page, served at /review
 
 
 def core_packages(wheel: Path, into: Path) -> list[str]:
@@ -107,7 +107,7 @@ def test_the_wheel_carries_every_data_file(wheel):
     assert "decisionkit/__init__.py" in names
     assert DATA_FILES and len(DATA_FILES) >= 10  # the scenarios, the off-domain sets, their READMEs and schemas
     missing = [f for f in DATA_FILES if f not in names]
-    assert not missing, f"the wheel lacks package data {missing}; expected every file of decisionkit/scenario_data"
+    assert not missing, f"the wheel lacks package data {missing}; expected every file of decisionkit/scenario_data and the review page"
     assert not any(n.startswith(("tests/", "notebooks/", "benchmarks/", "data/")) for n in names)
 
 

@@ -354,3 +354,14 @@ def load_curves(table) -> go.Figure:
     fig.update_yaxes(title_text="requests / s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=2)
     return fig.update_layout(template=TEMPLATE, title="Serving on loopback: batching on and off")
+
+
+def review_curve(table) -> go.Figure:
+    """Notebook 11: per round of the loop, accuracy and the share sent to a human on held-out claims of the new
+    kind, against the reviewed cases trained on (``loop_lab.Curve.table()``)."""
+    fig = go.Figure()
+    for column in ("accuracy", "sent to a human"):
+        fig.add_scatter(x=table["reviews used"], y=table[column], mode="lines+markers", name=column)
+    fig.update_xaxes(title="reviewed new-kind cases trained on", tickvals=list(table["reviews used"]))
+    fig.update_yaxes(title="share of the held-out new-kind claims", range=[0, 1])
+    return fig.update_layout(template=TEMPLATE, title="What the reviews bought, on held-out home-office claims")

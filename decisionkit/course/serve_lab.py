@@ -1,8 +1,7 @@
 """The server in the lab: started from Python, loaded, probed and measured (notebook 09, the tests,
 ``benchmarks/load_serve.py``). ``serving/app.py`` is the server itself.
 
-- ``launch(runs)`` starts ``decisionkit serve`` in a child process and returns once it answers; ``free_port`` finds
-  a port for it.
+- ``launch(runs)`` starts ``decisionkit serve`` in a child process, returns once it answers (port: ``free_port``).
 - ``load_test`` posts request bodies from several clients at once: requests per second, latency percentiles, what
   was lost; ``compare_batching`` does it with batching on and off; ``batch_sweep`` times ``decide_many`` by batch
   size without HTTP.
@@ -16,6 +15,7 @@
 """
 
 import atexit
+import http.client
 import json
 import os
 import signal
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from http import HTTPStatus
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,14 +82,18 @@ class Launched:
 
 def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batching = Batching(),
            limits: Limits = Limits(), startup_timeout: float = 300.0, log: str | Path | None = None,
-           api_key: str | None = None) -> Launched:
+           api_key: str | None = None, decision_log: str | Path | None = None,
+           audit_share: float | None = None) -> Launched:
     """Start ``decisionkit serve`` on 127.0.0.1 in a child process (its own process group), stopped when this
-    process exits if not before, and return once ``GET /health`` answers; ``log`` receives its output (default: discarded). ``api_key`` reaches the server
-    through its environment (never its command line, which any user of the machine can read)."""
+    process exits if not before, and return once ``GET /health`` answers; ``log`` receives its output (default:
+    discarded). ``api_key`` reaches it through its environment (never its command line, which every user reads).
+    ``decision_log``: ``--log`` (a SQLite path or a database URL), with ``audit_share``."""
     port = port or free_port()
     command = [sys.executable, "-m", "decisionkit", "serve", *map(str, runs), "--port", str(port),
                "--max-batch-size", str(batching.max_batch_size), "--batch-timeout", str(batching.timeout),
-               *(arg for name, value in asdict(limits).items() for arg in (f"--{name.replace('_', '-')}", str(value)))]
+               *(arg for name, value in asdict(limits).items() for arg in (f"--{name.replace('_', '-')}", str(value))),
+               *(["--log", str(decision_log)] if decision_log is not None else []),
+               *(["--audit-share", str(audit_share)] if audit_share is not None else [])]
     output = open(log, "ab") if log else subprocess.DEVNULL
     environment = {**os.environ, settings.API_KEY_ENV: api_key or ""}
     process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
@@ -116,10 +120,13 @@ def launch(runs: Sequence[str | Path], port: int | None = None, batching: Batchi
 
 
 def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: float,
-              max_requests: int | None = None) -> dict[str, float]:
+              max_requests: int | None = None, headers: Callable[[int], dict[str, str]] | None = None,
+              answered: list[tuple[str, float]] | None = None) -> dict[str, float]:
     """``concurrency`` clients posting ``bodies`` (in turn) to ``url`` back to back, for at most ``seconds`` and
     ``max_requests`` requests in all: requests per second, latency percentiles, and how many were lost (an answer
-    other than 200, or a broken connection). The p99 is NaN below ``latency.P99_MIN_TIMINGS`` answered requests."""
+    other than 200, or a broken connection). The p99 is NaN below ``latency.P99_MIN_TIMINGS`` answered requests.
+    ``headers(n)``: extra headers of the n-th request (its ``X-Request-Id``); ``answered`` receives, per 200 answer,
+    its ``X-Request-Id`` and the time (``time.time()``) its body was read."""
     latencies: list[float] = []
     lost = [0]
     sent = iter(range(max_requests or sys.maxsize))
@@ -133,17 +140,21 @@ def load_test(url: str, bodies: Sequence[bytes], concurrency: int, seconds: floa
             if n is None:
                 return
             request = urllib.request.Request(url, data=bodies[n % len(bodies)],
-                                             headers={"Content-Type": "application/json"})
+                                             headers={"Content-Type": "application/json",
+                                                      **(headers(n) if headers else {})})
             start = time.perf_counter()
             try:
                 with urllib.request.urlopen(request, timeout=300) as response:
                     ok = response.status == HTTPStatus.OK
                     response.read()
-            except (urllib.error.URLError, OSError):
+                    seen = (response.headers.get("X-Request-Id", ""), time.time())
+            except (urllib.error.URLError, OSError, http.client.HTTPException):  # refused, reset, cut short
                 ok = False
             with guard:
                 if ok:
                     latencies.append((time.perf_counter() - start) * 1e3)
+                    if answered is not None:
+                        answered.append(seen)
                 else:
                     lost[0] += 1
 

@@ -35,6 +35,7 @@ formats each answer). Saving and loading is ``saving.py``; its features of a who
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -85,6 +86,9 @@ class DecisionModel(nn.Module):
         self.head_recipe: HeadRecipe | None = None
         self.tuned = False  # True once every backbone weight has trained: saving then writes the backbone too
         self.base: dict | None = None  # for a loaded tuned model: the name, hash and revision of the backbone it came from
+        # a loaded model's folder and version (``saving.model_version``): what the decision log records of it
+        self.folder: Path | None = None
+        self.version: str | None = None
         self.to(backbone.device)
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -219,27 +223,50 @@ class DecisionModel(nn.Module):
 
     @torch.inference_mode()
     def decide(self, state: Any, questions: dict | None = None, workflow: str | None = None,
-               raw: bool = False) -> dict[str, dict]:
+               raw: bool = False, log=None) -> dict[str, dict]:
         """Answer ``questions`` (System One shape; default: every trained question) about ``state``. With a router,
         the answers are distance-aware (``answer_parts``); ``raw=True`` gives them before the router. A state
         longer than ``spec.max_length`` tokens is read in windows of that length, pooled across them, as the
         training features were; past ``spec.max_windows`` windows (``spec.max_tokens``) it is refused with a
         ``QuestionError`` on field 'state' (the server's 422 ``too_long``): training cuts such a state, but a client
-        cannot see a cut."""
+        cannot see a cut. ``log`` (a ``loop.log.DecisionLog``): the answer is kept there as the server keeps it,
+        and queued for review when the router sends it to a human."""
+        if log is not None:
+            return self._logged(log, state, questions, workflow, raw)["answers"]
         output, item = self._read(state, questions, workflow)
         return self._answers(output.per_case()[0], item, self.heads_weights(output, raw)[0])
 
     @torch.inference_mode()
     def route(self, state: Any, questions: dict | None = None, workflow: str | None = None,
-              raw: bool = False) -> dict:
+              raw: bool = False, log=None) -> dict:
         """``decide`` plus a routing verdict: ``{"answers", "verdict": "answer" | "human", "reason", "scores"}``.
         The scores cover every trained question of the workflow, as when the threshold was set; the verdict does
-        not depend on ``raw``, which only changes the answers shown."""
+        not depend on ``raw``, which only changes the answers shown. ``log``: as ``decide``'s."""
+        if log is not None:
+            return self._logged(log, state, questions, workflow, raw)
         self._require_router()
         output, item = self._read(state, questions, workflow, every=True)
         scores = self.router.scores(self, output).iloc[0]  # its "in-domain" column is the answers' weight
         weight = 1.0 if raw else float(scores["in-domain"])
         return self._routed(scores, self._answers(output.per_case()[0], item, weight))
+
+    def _logged(self, log, state: Any, questions: dict | None, workflow: str | None, raw: bool) -> dict:
+        """``route`` (or ``decide``, without a router) with the answer recorded in ``log`` (a DecisionLog) and its
+        request id added."""
+        started = time.perf_counter()
+        if self.router is not None:
+            found = self.route(state, questions, workflow, raw)
+        else:
+            found = {"answers": self.decide(state, questions, workflow, raw)}
+        workflow = systemone.workflow_for(self.schema, questions, workflow)
+        asked = questions if questions is not None else {q: x.to_json() for q, x in self.schema[workflow].items()}
+        asked = {q: x.to_json() if isinstance(x, Question) else x for q, x in asked.items()}
+        found["request_id"] = log.record(
+            model=self.folder.name if self.folder else "model", version=self.version, folder=self.folder,
+            workflow=workflow, state=state, questions=asked, answers=found["answers"],
+            routing={k: found[k] for k in ("verdict", "reason", "scores")} if "verdict" in found else None,
+            latency_ms=(time.perf_counter() - started) * 1000)
+        return found
 
     def _require_router(self) -> None:
         if self.router is None:
@@ -308,4 +335,5 @@ def load(path: str | Path, backbone: str | Path | None = None, device: str | Non
     saving.check_backbone(base, path, saved)
     model = DecisionModel(base, saving.schema_from_json(saved.schema), FeatureSpec.from_json(saved.features))
     saving.restore(model, path, saved)
+    model.folder, model.version = path, saving.model_version(path)
     return model.eval()

@@ -192,6 +192,24 @@ def export(run: str | Path, dest: str | Path) -> Path:
     return dest
 
 
+def model_version(path: str | Path) -> str:
+    """The version of the model saved in ``path``: the first 12 hex digits of a SHA-256 over its files (the config,
+    the heads, a LoRA adapter, a tuned backbone), each by its name in the folder. Two folders holding the same model
+    have the same version; a new save has another. The decision log keeps it beside every answer."""
+    import hashlib
+
+    path, digest = Path(path), hashlib.sha256()
+    files = [path / CONFIG_FILE, path / HEADS_FILE,
+             *(f for d in (ADAPTER_DIR, BACKBONE_DIR) for f in sorted((path / d).rglob("*")) if f.is_file())]
+    for file in files:
+        if file.is_file():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+            with open(file, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()[:12]
+
+
 def missing_files(path: Path, saved: ModelConfig) -> list[str]:
     """What the model saved in ``path`` (``saved``: its config) needs and its folder lacks: the heads, a LoRA model's
     adapter weights, a tuned backbone. A server checks this before it loads anything (``serving.catalog``)."""

@@ -5,6 +5,12 @@
 - ``GET /health``         status, and each model's workflows, questions and token limit (``max_tokens``: the cap,
                            ``max_windows`` windows of ``max_length`` tokens; ``window_tokens``: the window)
 - ``GET /docs``           the OpenAPI page, with every request and response schema
+- with ``--log`` (a ``loop.log.DecisionLog``): every answer kept, ``GET /v1/reviews``, ``POST /v1/reviews/{id}``
+  and the review page ``GET /review`` (``review_routes.py``); ``/health`` shows the log's counts
+
+Every answer carries ``X-Request-Id``, ``X-Decisionkit-Model-Version`` and ``X-Decisionkit-Workflow``
+(``decision_logging.py``). SIGHUP makes the server answer with a model promoted over one it serves
+(``loop.promotion``), loaded beside the one answering and swapped in without dropping a request.
 
 The app is FastAPI on uvicorn, and LitServe batches it: requests that arrive within ``batch_timeout`` seconds
 of each other share one padded forward pass (``DecisionModel.decide_many``), up to ``max_batch_size``. LitServe
@@ -35,10 +41,11 @@ errors. ``serve_lab.py`` starts this server in a child process and measures it (
 it without LitServe, answering in the calling process (tests of the contract through ``httpx.ASGITransport``).
 """
 
-import hmac
-import json
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 import time
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -48,170 +55,26 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import litserve as ls
-import pydantic_core
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from litserve.utils import WorkerSetupStatus
-from starlette.requests import ClientDisconnect
 
 from ..contract import systemone
 from ..contract.systemone import ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
+from ..loop.log import DecisionLog
+from ..loop.promotion import served_folder
 from ..model.decision_model import load
+from ..model.saving import model_version
 from .catalog import Catalog, UnservableModel, catalog, health, model_list, one_line
 from .config import Batching, Limits
+from .decision_logging import AnswerHeaders, answer_headers
 from .protocol import json_errors_protocol
+from .reading import BearerKey, ContractRoute, RequestLimits, decoded
+from .review_routes import PAGE_PATH, add_review_routes
 from .shutdown import graceful_sigterm, tie, tied_managers
-
-try:  # the SDK compresses request bodies with zstd when it can (always on Python 3.14+)
-    from compression import zstd
-except ImportError:
-    from backports import zstd
 
 ENDPOINT = "/v1/systemone"
 READINESS_PATH = "/litserve/health"  # LitServe's own probe; our /health describes the models
-
-
-# ----- reading requests -------------------------------------------------------------------------------------------
-class ContractRequest(Request):
-    """A request whose body (already read within the limits by ``RequestLimits``) is decoded when zstd-compressed,
-    and parsed as strict JSON: NaN and Infinity are refused, nesting is bounded (pydantic-core's parser stops at 200
-    levels)."""
-
-    async def body(self) -> bytes:
-        if not hasattr(self, "_body"):
-            received = b"".join([chunk async for chunk in self.stream()])
-            self._body = _decoded(received, self.headers.get("content-encoding", "identity"), self.app.state.limits)
-        return self._body
-
-    async def json(self):
-        if not hasattr(self, "_json"):
-            body = await self.body()
-            try:
-                self._json = pydantic_core.from_json(body, allow_inf_nan=False)
-            except ValueError as err:  # FastAPI turns this exception into a 422 "json_invalid"
-                raise json.JSONDecodeError(str(err), body.decode("utf-8", "replace"), 0) from None
-        return self._json
-
-
-def _too_large(size: int, limits: Limits) -> HTTPException:
-    return HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                         f"request body is {size} bytes; the limit is {limits.max_body_bytes}")
-
-
-def _decoded(body: bytes, encoding: str, limits: Limits) -> bytes:
-    if encoding == "identity":
-        return body
-    if encoding != "zstd":
-        raise HTTPException(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                            f"Content-Encoding {encoding!r} is not supported; send the body as is or as zstd")
-    decompressor = zstd.ZstdDecompressor()
-    try:
-        data = decompressor.decompress(body, max_length=limits.max_body_bytes + 1)
-    except zstd.ZstdError as err:
-        raise HTTPException(HTTPStatus.BAD_REQUEST, f"the zstd body does not decode ({err})") from None
-    if len(data) > limits.max_body_bytes:
-        raise _too_large(len(data), limits)
-    if not decompressor.eof:
-        raise HTTPException(HTTPStatus.BAD_REQUEST, "the zstd body is truncated")
-    return data
-
-
-class ContractRoute(APIRoute):
-    """FastAPI's custom route class: every route reads its request as a ContractRequest."""
-
-    def get_route_handler(self) -> Callable:
-        handler = super().get_route_handler()
-
-        async def contract_handler(request: Request):
-            return await handler(ContractRequest(request.scope, request.receive))
-
-        return contract_handler
-
-
-class RequestLimits:
-    """ASGI middleware on ``ENDPOINT``: a request's body is read in full before the request may wait for the model,
-    so a slow upload holds a reader's place, never a model slot. While its body arrives a request holds one of
-    ``max_reading`` places, and the body must come within ``read_timeout`` (408) and ``max_body_bytes`` (413); then
-    it takes one of ``max_in_flight`` slots and the app reads the body as received. Past either bound, 503 with
-    Retry-After instead of queueing without end (a client may retry; the SDK does by itself)."""
-
-    def __init__(self, app, limits: Limits):
-        self.app, self.limits, self.reading, self.active = app, limits, 0, 0
-
-    async def __call__(self, scope, receive, send):
-        # the path the app routes on: Ray Serve mounts it under a route prefix, passed as root_path
-        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) != ENDPOINT:
-            return await self.app(scope, receive, send)
-        try:
-            body = await self._read(Request(scope, receive))
-            if self.active >= self.limits.max_in_flight:
-                raise self._busy(f"{self.active} requests are in flight, the most this server takes")
-        except HTTPException as refused:
-            answer = JSONResponse({"detail": refused.detail}, refused.status_code, headers=refused.headers)
-            return await answer(scope, receive, send)
-        except ClientDisconnect:
-            return  # the client left: no one to answer
-        replayed = False
-
-        async def replay():  # the body as read, then what the connection says next (a disconnect)
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        self.active += 1
-        try:
-            await self.app(scope, replay, send)
-        finally:
-            self.active -= 1
-
-    async def _read(self, request: Request) -> bytes:
-        limits = self.limits
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise _too_large(int(declared), limits)
-        if self.reading >= limits.max_reading:
-            raise self._busy(f"{self.reading} requests are still sending their bodies, the most this server waits for")
-        self.reading += 1
-        chunks, size = [], 0
-        try:
-            with anyio.fail_after(limits.read_timeout):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limits.max_body_bytes:
-                        raise _too_large(size, limits)
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise HTTPException(HTTPStatus.REQUEST_TIMEOUT, f"the request body did not arrive within "
-                                f"{limits.read_timeout:g} s ({size} of {declared or '?'} bytes came)") from None
-        finally:
-            self.reading -= 1
-        return b"".join(chunks)
-
-    def _busy(self, why: str) -> HTTPException:
-        return HTTPException(HTTPStatus.SERVICE_UNAVAILABLE, f"{why}; retry in {self.limits.retry_after} s",
-                             headers={"Retry-After": str(self.limits.retry_after)})
-
-
-class BearerKey:
-    """ASGI middleware: every request but the readiness probe must carry ``Authorization: Bearer <key>``; without
-    it, or with another key, a JSON 401 that says which (compared in constant time)."""
-
-    def __init__(self, app, key: str):
-        self.app, self.expected = app, f"Bearer {key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"].removeprefix(scope.get("root_path", "")) == READINESS_PATH:
-            return await self.app(scope, receive, send)
-        sent = dict(scope["headers"]).get(b"authorization")
-        if sent is not None and hmac.compare_digest(sent, self.expected):
-            return await self.app(scope, receive, send)
-        why = ("no Authorization header; this server needs Authorization: Bearer <API key>" if sent is None else
-               "the Authorization header does not carry this server's API key (expected Bearer <API key>)")
-        answer = JSONResponse({"detail": why}, HTTPStatus.UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
-        await answer(scope, receive, send)
 
 
 async def _internal_error(request: Request, err: Exception) -> JSONResponse:
@@ -219,16 +82,20 @@ async def _internal_error(request: Request, err: Exception) -> JSONResponse:
                         HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def install(app: FastAPI, models: Catalog, limits: Limits, api_key: str | None = None) -> None:
+def install(app: FastAPI, models: Catalog, limits: Limits, api_key: str | None = None,
+            log: DecisionLog | None = None) -> None:
     """The routes and behaviour every deployment shares: ``GET /v1/models`` and ``GET /health`` (answered from the
-    configs ``catalog`` read at start), the API key when one is given (``BearerKey``, checked before anything else),
-    the limits on reading a request (``RequestLimits``), strict parsing, JSON for unexpected errors.
-    ``POST /v1/systemone`` is added by the deployment (it owns the batching)."""
+    configs ``catalog`` read at start; with a log, its counts too), the API key when one is given (``BearerKey``,
+    checked before anything else), the limits on reading a request (``RequestLimits``), strict parsing, JSON for
+    unexpected errors, each answer's ids (``AnswerHeaders``) and, with a ``log``, every answer kept and the review
+    routes (``review_routes``). ``POST /v1/systemone`` is added by the deployment (it owns the batching)."""
     app.state.limits = limits
     app.router.route_class = ContractRoute
-    app.add_middleware(RequestLimits, limits=limits)
+    app.add_middleware(AnswerHeaders, endpoint=ENDPOINT, log=log,
+                       decode=lambda body, encoding: decoded(body, encoding, limits))
+    app.add_middleware(RequestLimits, limits=limits, endpoint=ENDPOINT)
     if api_key:
-        app.add_middleware(BearerKey, key=api_key)  # added last, so it runs first
+        app.add_middleware(BearerKey, key=api_key, open_paths=(READINESS_PATH, PAGE_PATH))  # added last, so it runs first
     app.add_exception_handler(Exception, _internal_error)
     listed, described = model_list(models), health(models)
 
@@ -238,7 +105,10 @@ def install(app: FastAPI, models: Catalog, limits: Limits, api_key: str | None =
 
     @app.get("/health")
     def status() -> dict:
-        return described
+        return described if log is None else {**described, "log": log.status()}
+
+    if log is not None:
+        add_review_routes(app, log)
 
 
 # ----- the model side -------------------------------------------------------------------------------------------------
@@ -250,32 +120,61 @@ class SystemOneAPI(ls.LitAPI):
 
     def __init__(self, models: Catalog, batching: Batching, failures: Connection):
         super().__init__(max_batch_size=batching.max_batch_size, batch_timeout=batching.timeout, api_path=ENDPOINT)
-        self.runs, self.server_pid, self.failures = dict(models), os.getpid(), failures
+        self.runs, self.server_pid, self.failures = dict(models.asked), os.getpid(), failures
 
     def setup(self, device: str) -> None:
         tie(self.server_pid)  # first: a worker whose server has died loads nothing
+        self.device = device.split(":")[0]
         self.models = {}
         for name, run in self.runs.items():
             try:
-                self.models[name] = load(run, device=device.split(":")[0])
+                self.models[name] = load(served_folder(run), device=self.device)
             except Exception as err:
                 self.failures.send(f"model {name!r} ({run}) did not load: {one_line(err)}")
                 raise
+        signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=self.reload, daemon=True).start())
+
+    def reload(self) -> None:
+        """On SIGHUP (the server forwards it here): each model's folder read again (a ``decisionkit promote``
+        since start names a new one), a changed model loaded beside the one answering, then put in its place in one
+        step. No request waits or fails for it; one that fails to load is named on stderr and the old one stays."""
+        models = dict(self.models)
+        for name, run in self.runs.items():
+            try:
+                folder = served_folder(run)
+                if folder != models[name].folder or model_version(folder) != models[name].version:
+                    models[name] = load(folder, device=self.device)
+                    print(f"model {name!r}: now {folder} (version {models[name].version})", file=sys.stderr,
+                          flush=True)
+            except Exception as err:
+                print(f"model {name!r}: not reloaded, the one loaded goes on answering ({one_line(err)})",
+                      file=sys.stderr, flush=True)
+        self.models = models
 
     def decode_request(self, request: SystemOneRequest) -> Prepared | Refusal:
         return systemone.prepare(self.models, request)  # never raises: one refusal must not fail its batch
 
     def predict(self, prepared: list[Prepared | Refusal] | Prepared | Refusal):
+        models = self.models  # one set of models for the whole batch, even while a reload swaps them
         if isinstance(prepared, list):  # batching on
-            return systemone.respond(self.models, prepared)
-        return systemone.respond(self.models, [prepared])[0]
+            return list(zip(systemone.respond(models, prepared), prepared))
+        return systemone.respond(models, [prepared])[0], prepared
 
-    def encode_response(self, output: dict | Refusal) -> SystemOneResponse:
-        return refusal_response(output) if isinstance(output, Refusal) else output
+    def encode_response(self, output: tuple[dict | Refusal, Prepared | Refusal]) -> SystemOneResponse:
+        return answered_response(self.models, *output)
 
 
 def refusal_response(refusal: Refusal) -> JSONResponse:
     return JSONResponse({"detail": refusal.detail}, HTTPStatus.UNPROCESSABLE_ENTITY)
+
+
+def answered_response(models: Mapping[str, Any], output: dict | Refusal, prepared: Prepared | Refusal) -> JSONResponse:
+    """An answer as it is sent (the response model's JSON) with its ids (``decision_logging.answer_headers``), or a
+    refusal's 422."""
+    if isinstance(output, Refusal):
+        return refusal_response(output)
+    body = SystemOneResponse.model_validate(output).model_dump(mode="json")
+    return JSONResponse(body, headers=answer_headers(models[prepared.model], prepared.checked.workflow))
 
 
 class SystemOneServer(ls.LitServer):
@@ -285,14 +184,15 @@ class SystemOneServer(ls.LitServer):
     multiprocessing's resource tracker ends by itself once they all have."""
 
     def __init__(self, models: Catalog, batching: Batching = Batching(), limits: Limits = Limits(),
-                 api_key: str | None = None):
+                 api_key: str | None = None, log: DecisionLog | None = None):
         self.served, self.limits, self.api_key, self.main_pid = models, limits, api_key, os.getpid()
+        self.log = log
         self.failures, failed = multiprocessing.Pipe(duplex=False)
         super().__init__(SystemOneAPI(models, batching, failed), accelerator="auto", devices=1,
                          timeout=limits.request_timeout, healthcheck_path=READINESS_PATH)
 
     def register_endpoints(self) -> None:
-        install(self.app, self.served, self.limits, self.api_key)  # before LitServe's routes: they read strictly too
+        install(self.app, self.served, self.limits, self.api_key, self.log)  # before LitServe's: they read strictly too
         super().register_endpoints()
 
     @asynccontextmanager
@@ -300,6 +200,8 @@ class SystemOneServer(ls.LitServer):
         tie(self.main_pid)
         async with super().lifespan(app):
             yield
+        if self.log is not None:  # this API server's last answers written before it ends
+            await anyio.to_thread.run_sync(self.log.close)
 
     def _init_manager(self, num_api_servers: int):
         with tied_managers():
@@ -331,11 +233,23 @@ class SystemOneServer(ls.LitServer):
 
 
 def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000, batching: Batching = Batching(),
-          limits: Limits = Limits(), log_level: str = "warning", api_key: str | None = None) -> None:
+          limits: Limits = Limits(), log_level: str = "warning", api_key: str | None = None,
+          log: DecisionLog | None = None) -> None:
     """Serve the saved models in ``runs`` until SIGTERM or SIGINT (``decisionkit serve`` calls this); with
-    ``api_key``, every request must carry it as ``Authorization: Bearer``. A model that cannot be served is refused
-    before anything is (``catalog``), or once the inference worker fails to load it: ``UnservableModel``."""
-    server = SystemOneServer(catalog(runs), batching, limits, api_key)
+    ``api_key``, every request must carry it as ``Authorization: Bearer``; with ``log``, every answer is kept there
+    and the review routes open. A model that cannot be served is refused before anything is (``catalog``), or once
+    the inference worker fails to load it: ``UnservableModel``. SIGHUP reloads a model whose folder changed (a
+    promotion: ``loop.retrain.promote``) without dropping a request (``SystemOneAPI.reload``)."""
+    server = SystemOneServer(catalog(runs), batching, limits, api_key, log)
+    main = os.getpid()
+
+    def forward(signum, frame):  # to the inference workers, which reload; the API servers inherit this and ignore it
+        if os.getpid() == main:
+            for worker in server.inference_workers:
+                if worker.is_alive():
+                    os.kill(worker.pid, signal.SIGHUP)
+
+    signal.signal(signal.SIGHUP, forward)
     with graceful_sigterm():
         server.run(host=host, port=port, log_level=log_level, generate_client_file=False,
                    http=json_errors_protocol(limits.read_timeout), timeout_keep_alive=5)
@@ -343,15 +257,17 @@ def serve(runs: Sequence[str | Path], host: str = "127.0.0.1", port: int = 8000,
 
 # ----- without LitServe -----------------------------------------------------------------------------------------------
 async def answer_request(models: Mapping[str, Any], request: SystemOneRequest,
-                         answer: Callable[[Prepared], Awaitable[dict]]) -> dict | JSONResponse:
+                         answer: Callable[[Prepared], Awaitable[dict]]) -> JSONResponse:
     """``POST /v1/systemone`` where LitServe does not run it (Ray Serve's deployment, ``contract_app``): the request
     checked against the model it names (``systemone.prepare``; a refusal is answered 422), then ``answer``ed."""
     prepared = systemone.prepare(models, request)
-    return refusal_response(prepared) if isinstance(prepared, Refusal) else await answer(prepared)
+    if isinstance(prepared, Refusal):
+        return refusal_response(prepared)
+    return answered_response(models, await answer(prepared), prepared)
 
 
 def contract_app(runs: Sequence[str | Path], limits: Limits = Limits(), api_key: str | None = None,
-                 models: Mapping[str, Any] | None = None) -> FastAPI:
+                 models: Mapping[str, Any] | None = None, log: DecisionLog | None = None) -> FastAPI:
     """The server's app without LitServe, for in-process tests (``httpx.ASGITransport``): ``install``'s routes, API
     key, limits and errors, and ``POST /v1/systemone`` answered in this process, one request per forward pass
     (``answer_request``). ``models``: the runs already loaded, by name (default: loaded here)."""
@@ -361,7 +277,7 @@ def contract_app(runs: Sequence[str | Path], limits: Limits = Limits(), api_key:
     elif models.keys() != served.keys():
         raise ValueError(f"the models are named {sorted(models)} and the runs {sorted(served)}; pass one per run")
     app = FastAPI(title="decisionkit System One (in process)")
-    install(app, served, limits, api_key)
+    install(app, served, limits, api_key, log)
 
     async def answer(prepared: Prepared) -> dict:
         [body] = await anyio.to_thread.run_sync(systemone.respond, models, [prepared])

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from ..contract.systemone import ModelMetadata, ModelMetadataList
 from ..core.errors import UserError
+from ..loop.promotion import served_folder
 from ..model.features import FeatureSpec
 from ..model.saving import CONFIG_FILE, ModelConfig, missing_files, schema_from_json
 
@@ -24,12 +25,14 @@ class UnservableModel(UserError, ValueError):
 
 
 class Catalog(dict):
-    """Model name (the run folder's name) -> folder, and ``configs``: each model's config, as read and checked at
-    start."""
+    """Model name (the run folder's name) -> the folder that answers for it (the run, or the run promoted over it:
+    ``promotion.served_folder``), ``asked``: name -> the run folder given, and ``configs``: each model's config, as
+    read and checked at start."""
 
-    def __init__(self, folders: dict[str, Path], configs: dict[str, ModelConfig]):
+    def __init__(self, folders: dict[str, Path], configs: dict[str, ModelConfig], asked: dict[str, Path] | None = None):
         super().__init__(folders)
         self.configs = configs
+        self.asked = dict(folders) if asked is None else asked
 
 
 def one_line(err: BaseException) -> str:
@@ -53,15 +56,21 @@ def checked(run: Path) -> ModelConfig:
 
 
 def catalog(runs: Sequence[str | Path]) -> Catalog:
-    """The saved models in ``runs`` by name, each ``checked``; two folders of one name are refused."""
+    """The saved models in ``runs`` by name (each run's folder name, whichever run is promoted over it), each
+    ``checked``; two folders of one name are refused."""
     folders: dict[str, Path] = {}
+    asked: dict[str, Path] = {}
     configs: dict[str, ModelConfig] = {}
     for run in (Path(r).expanduser() for r in runs):
         if run.name in folders:
-            raise UnservableModel(f"two models are named {run.name!r} ({folders[run.name]} and {run}); rename one "
+            raise UnservableModel(f"two models are named {run.name!r} ({asked[run.name]} and {run}); rename one "
                                   "folder")
-        folders[run.name], configs[run.name] = run, checked(run)
-    return Catalog(folders, configs)
+        try:
+            folder = served_folder(run)
+        except UserError as err:
+            raise UnservableModel(f"model {run.name!r} ({run}) cannot be served: {one_line(err)}") from None
+        asked[run.name], folders[run.name], configs[run.name] = run, folder, checked(folder)
+    return Catalog(folders, configs, asked)
 
 
 def model_list(models: Catalog) -> ModelMetadataList:

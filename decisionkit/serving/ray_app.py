@@ -26,6 +26,7 @@ from ray import serve
 from ..contract import systemone
 from ..contract.systemone import Prepared, SystemOneRequest, SystemOneResponse
 from ..core import settings
+from ..loop.log import DecisionLog
 from ..model.decision_model import load
 from .app import ENDPOINT, answer_request, catalog, install
 from .config import Batching, Limits
@@ -35,12 +36,13 @@ APP_NAME = "decisionkit"
 
 
 def ray_app(runs: Sequence[str | Path], batching: Batching = Batching(), limits: Limits = Limits(),
-            replicas: int = 1, api_key: str | None = None):
+            replicas: int = 1, api_key: str | None = None, log: DecisionLog | None = None):
     """A bound Ray Serve application serving the saved models in ``runs`` (pass it to ``serve.run``); with
-    ``api_key``, every request must carry it as ``Authorization: Bearer``."""
+    ``api_key``, every request must carry it as ``Authorization: Bearer``; with ``log`` (a ``DecisionLog`` on a
+    database every replica reaches, PostgreSQL say), each replica keeps its answers there."""
     models = catalog(runs)
     app = FastAPI(title="decisionkit System One (Ray Serve)")
-    install(app, models, limits, api_key)
+    install(app, models, limits, api_key, log)
 
     @serve.deployment(num_replicas=replicas, max_ongoing_requests=limits.max_in_flight,
                       max_queued_requests=limits.max_in_flight)
@@ -72,13 +74,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-timeout", type=float, default=Batching().timeout,
                         help="seconds to wait for a batch to fill")
     parser.add_argument("--api-key", default=None, help=f"ask every request for it (default: ${settings.API_KEY_ENV})")
+    parser.add_argument("--log", default=None, metavar="URL",
+                        help="keep every answer in this decision log (a database every replica reaches)")
     args = parser.parse_args(argv)
+    log = DecisionLog(args.log) if args.log else None  # checked before Ray starts: one line if it cannot be used
     ray.init(_node_ip_address="127.0.0.1", include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     with graceful_sigterm():  # SIGTERM takes Ctrl-C's path: Serve and the local Ray instance are shut down
         try:
             serve.run(ray_app(args.runs, Batching(args.max_batch_size, args.batch_timeout), replicas=args.replicas,
-                              api_key=args.api_key or settings.api_key()), route_prefix="/", name=APP_NAME)
+                              api_key=args.api_key or settings.api_key(), log=log), route_prefix="/", name=APP_NAME)
             print(f"serving {', '.join(args.runs)} on http://127.0.0.1:{args.port}{ENDPOINT} (Ray Serve); Ctrl-C or "
                   "SIGTERM stops", flush=True)
             while True:

@@ -132,6 +132,16 @@ def off_domain(workflows, per_kind: int | None = None) -> Inputs:
     return off.per_kind(per_kind) if per_kind else off
 
 
+def with_reviewed(off: Inputs, not_a_case: list[tuple[str, Any]]) -> Inputs:
+    """The off-domain set ``off`` plus the inputs reviewers marked not a case (``(workflow, state)`` pairs, from the
+    decision log: ``loop.retrain``), of the kind "not a case (reviewed)"."""
+    from ..data.states import state_digest
+
+    return Inputs(off.name, off.ids + [f"reviewed-{state_digest(s)}" for _, s in not_a_case],
+                  off.states + [s for _, s in not_a_case], off.workflows + [w for w, _ in not_a_case],
+                  off.kinds + ["not a case (reviewed)"] * len(not_a_case))
+
+
 def fit_router(model, train: Split, validation: Split, score: str = "confidence",
                rejection: float = TARGET_REJECTION, folds: int | None = None) -> Router:
     """Fit the feature density and the priors on ``train``; the tail and the threshold on held-out real inputs

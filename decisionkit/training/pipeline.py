@@ -30,7 +30,7 @@ from ..model import saving
 from ..model.backbone import load_backbone
 from ..model.decision_model import DecisionModel
 from . import presets
-from .anomaly import evaluate_scores, fit_router, off_domain
+from .anomaly import evaluate_scores, fit_router, off_domain, with_reviewed
 from .answered import answered
 from .calibration import calibrate, calibrate_out_of_fold
 from .presets import DEFAULT_PRESET, Preset
@@ -54,7 +54,7 @@ class Trained:
 
 def train(data=None, out: str | Path = "runs/model", *, schema=None, preset: str | Preset = DEFAULT_PRESET,
           zero_shot: int = 0, resume: bool = True, progress: bool = True, route: bool = True,
-          **reading) -> Trained:
+          not_a_case: list | None = None, **reading) -> Trained:
     """Train a decision model on ``data`` into ``out``: the weights, temperatures, router, scores and report.
 
     ``data``: your decisions from any source ``decisions.load_decisions`` reads (a ``.csv``, ``.tsv``, ``.jsonl``,
@@ -67,18 +67,20 @@ def train(data=None, out: str | Path = "runs/model", *, schema=None, preset: str
     ``preset``: a name or a ``Preset`` (default: the main job's hybrid). ``zero_shot``: also score the zero-shot
     baseline on that many validation cases per workflow. ``route=False`` skips the router (a pass over every train
     case for a fine-tuned model). ``resume=False`` starts afresh where an interrupted run left its working folder
-    (which only the run that made it resumes anyway: ``run_folder.prepare_work``)."""
+    (which only the run that made it resumes anyway: ``run_folder.prepare_work``). ``not_a_case``: (workflow, state)
+    pairs that reviewers said are not cases (``loop.retrain``), checked with the off-domain set."""
     p = presets.preset(preset) if isinstance(preset, str) else preset
     out = check_out(out)
     decisions = decisions_of(p, data, schema, **reading)
     with claimed(out):
         identity = {"preset": p.to_json(), "schema": decisions.record["schema"],
                     "rows": decisions.record["rows sha256"]}
-        return _train(p, decisions, out, prepare_work(out, identity, resume), zero_shot, resume, progress, route)
+        return _train(p, decisions, out, prepare_work(out, identity, resume), zero_shot, resume, progress, route,
+                      not_a_case or [])
 
 
 def _train(p: Preset, decisions: Decisions, out: Path, work: Path, zero_shot: int, resume: bool, progress: bool,
-           route: bool) -> Trained:
+           route: bool, not_a_case: list) -> Trained:
     fitted = fit_model(p, work, decisions, resume=resume, progress=progress)
     model = fitted.model  # as saved: a fine-tuning run's best step
     # the preset's own cases: every train case it may use (the router cross-fits on them), its validation cases, and
@@ -91,7 +93,8 @@ def _train(p: Preset, decisions: Decisions, out: Path, work: Path, zero_shot: in
         calibration = calibrate(model, splits["validation"], splits["test"])
     routing = {}
     if route:
-        routing = routed(model, splits, off_domain(splits["train"].workflows, p.off_domain_per_kind))
+        off = with_reviewed(off_domain(splits["train"].workflows, p.off_domain_per_kind), not_a_case)
+        routing = routed(model, splits, off)
     shipped = {name: answered(model, splits[name]) for name in ("validation", "test")}  # raw, and as answered
     scores = {name: found.raw for name, found in shipped.items()}
     model.save(work)

@@ -5,12 +5,15 @@ Each preset says why it is set as it is; quick presets shrink sizes only, the co
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from ..core.errors import SettingError
 from ..data.cases import DEV_PER_WORKFLOW
 from ..model.backbone import ENCODER_BACKBONE, LoraSettings
 from ..model.features import FeatureSpec
+from ..model.saving import HISTORY_FILE
 from ..model.trees import TREE_ROUNDS
 
 MODES = ("heads", "full", "lora", "qlora")
@@ -129,6 +132,19 @@ PRESETS = {
                   lora=LoraSettings(), epochs=3, lr=2e-4, finetune_head_lr=2e-4, batch_size=16, micro_batch=8,
                   gradient_checkpointing=True),  # the reference's rate; checkpointing pays at 1,024 tokens
 }
+
+
+def of_run(folder: str | Path, **overrides) -> Preset:
+    """The preset the run in ``folder`` was trained with (its ``history.json``), with ``overrides``: a served model's
+    own recipe, for the model that would replace it (``loop.retrain``)."""
+    saved = json.loads((Path(folder) / HISTORY_FILE).read_text(encoding="utf-8"))["preset"]
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()
+              if k not in ("name", "features", "lora")}
+    fields["features"] = FeatureSpec.from_json(saved["features"])
+    lora = saved.get("lora")
+    fields["lora"] = None if lora is None else LoraSettings(**{k: tuple(v) if isinstance(v, list) else v
+                                                              for k, v in lora.items()})
+    return preset(saved["name"], **{**fields, **overrides})
 
 
 def preset(name: str, **overrides) -> Preset:

@@ -16,6 +16,7 @@ from ..data.metrics import Scores, accuracy_interval, paired_difference
 from ..data.seed import SEED
 from ..model.saving import DECISIONS_FILE, HISTORY_FILE, REPORT_FILE, REPORT_PAGE
 from .answered import shown
+from .comparison import comparison_lines, comparison_table
 
 # Quoted from the course's reference run (the seed: its figures live in data.seed.SEED, the one place that holds
 # them) and the benchmark's leaderboard, never recomputed here.
@@ -63,6 +64,7 @@ class RunReport:
     routing: dict = field(default_factory=dict)  # the threshold and the share of each set sent to a human
     data: dict = field(default_factory=dict)  # what it was trained on (``Decisions.record``: rows, splits, schema)
     answered: dict = field(default_factory=dict)  # split -> ``answered.Answered.summary``: as answered, routed share
+    loop: dict = field(default_factory=dict)  # trained with reviews: what they were, the served model beside this one
 
     @property
     def benchmark(self) -> bool:
@@ -79,6 +81,7 @@ class RunReport:
             "calibration": self.calibration,
             "routing": self.routing,
             "answered": self.answered,
+            **({"loop": self.loop} if self.loop else {}),
             "environment": environment(),
             "commit": git_commit(),
         }
@@ -115,6 +118,8 @@ class RunReport:
         if "threshold" in self.routing:
             lines.append(f"routing    {self.routing['score']} threshold {self.routing['threshold']:.3g}")
         lines += [f"routing    {k} {v:.1%}" for k, v in self.routing.items() if k.endswith("sent to a human")]
+        if self.loop:
+            lines += comparison_lines(self.loop)
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -133,6 +138,9 @@ class RunReport:
                       f"{self.data['rows sha256'][:16]}...). Splits: {self.data['split rule']}. States: "
                       f"{self.data['states']['json']} read as JSON, {self.data['states']['text']} as text.", "",
                       rows.to_markdown(), ""]
+        if self.loop:
+            parts += ["## Reviews, and the model that served them", "", comparison_table(self.loop).to_markdown(),
+                      ""]
         if self.benchmark:
             parts += ["## Quoted references (not measured here)", "", REFERENCES.to_markdown(), ""]
         return "\n".join(parts)
@@ -159,7 +167,8 @@ class RunReport:
         history = pd.DataFrame(json.loads((folder / HISTORY_FILE).read_text(encoding="utf-8"))["history"])
         data = {k: v for k, v in saved["data"].items() if k != "source"}
         return cls(saved["backbone"], saved["data"]["source"], saved["training"], pick("scores"), pick("baselines"),
-                   history, saved.get("calibration", {}), saved.get("routing", {}), data, saved.get("answered", {}))
+                   history, saved.get("calibration", {}), saved.get("routing", {}), data, saved.get("answered", {}),
+                   saved.get("loop", {}))
 
     def ladder(self, split: str = "test") -> "Ladder":
         """The baselines scored on ``split``'s cases (the majority answer per question, a hybrid's parts apart), weakest
