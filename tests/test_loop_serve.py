@@ -1,6 +1,6 @@
 """The decision log on live servers (``decisionkit serve --log``, ``loop/log.py``): every answered request is in the
-log once, with the version, workflow and state it was answered with, once a graceful stop (SIGTERM) has written what
-was queued; a server killed under load (SIGKILL to its whole process group) loses at most the answers of its last
+log once, with the version, workflow and state it was answered with (across a SIGHUP that swaps in a promoted
+model without failing a request), once a graceful stop (SIGTERM) has written what was queued; a server killed under load (SIGKILL to its whole process group) loses at most the answers of its last
 batch window; a database that refuses the writes (locked by another connection past its busy timeout) loses no
 answer: the clients keep getting 200, ``/health`` counts the failures, and once the lock goes every answer is written.
 Each request carries its own ``X-Request-Id``, which is the log's ``request_id``."""
@@ -17,10 +17,14 @@ from contextlib import closing
 import httpx
 import psutil
 import pytest
+import torch
 
+from decisionkit import load
 from decisionkit.course.serve_lab import launch, load_test, requests_for
 from decisionkit.loop.log import FLUSH_SECONDS
+from decisionkit.loop.promotion import PROMOTED_FILE
 from decisionkit.serving.app import ENDPOINT
+from decisionkit.serving.decision_logging import VERSION
 
 TIMEOUT = 300.0  # seconds for an answer on a busy 2-core machine
 STOP_TIMEOUT = 60.0  # a graceful stop well inside shutdown.SHUTDOWN_GRACE (30 s) and its kill
@@ -29,6 +33,7 @@ STOP_TIMEOUT = 60.0  # a graceful stop well inside shutdown.SHUTDOWN_GRACE (30 s
 # server queueing it (the record is made once the body is sent). An answer the client saw more than this long before
 # the kill must be in the log; 1 s in all leaves a slow, shared 2-core machine 0.8 s over the window.
 KILL_BOUND = FLUSH_SECONDS + 0.8
+RELOAD_S = 180  # the promoted model loaded in the inference worker beside the old one, on 2 busy cores
 
 
 @pytest.fixture(scope="module")
@@ -79,39 +84,62 @@ def group_alive(pgid: int) -> list[psutil.Process]:
     return alive
 
 
-def test_every_answered_request_is_logged_once(quick_model, bodies, tmp_path):
-    path, model = quick_model
-    db = tmp_path / "log.db"
-    ids = [f"answered-{i:03d}" for i in range(24)]
+def test_every_answered_request_is_logged_once_across_a_reload(quick_model, bodies, tmp_path):
+    """Clients post the whole time; halfway, ``promoted.json`` names another model and SIGHUP arrives: the server
+    loads it beside the answering one and swaps it in (``SystemOneAPI.reload``) without failing a request, and every
+    answer is logged once, with the version that answered it (its ``X-Decisionkit-Model-Version``)."""
+    path, _ = quick_model
+    live, following, db = tmp_path / "live", tmp_path / "next", tmp_path / "log.db"
+    model = load(path)
+    model.save(live)
+    with torch.no_grad():
+        model.feature_mean += 0.05  # another model: other answers, another version
+    model.save(following)
+    old, new = load(live).version, load(following).version
+    body = json.loads(bodies[0])
+    retargeted = [json.dumps({**json.loads(b), "model": "live"}).encode() for b in bodies]
+    answers: dict[str, httpx.Response] = {}
+    count = iter(range(10_000))
 
-    def ask(i: int) -> httpx.Response:
-        return httpx.post(f"{server.url}{ENDPOINT}", content=bodies[i % len(bodies)], timeout=TIMEOUT,
-                          headers={"Content-Type": "application/json", "X-Request-Id": ids[i]})
+    def ask(_=None) -> None:
+        rid = f"answered-{next(count):04d}"
+        answers[rid] = httpx.post(f"{server.url}{ENDPOINT}", content=retargeted[len(answers) % len(bodies)],
+                                  timeout=TIMEOUT, headers={"Content-Type": "application/json", "X-Request-Id": rid})
 
-    server = launch([path], decision_log=db, log=tmp_path / "serve.log")
+    server = launch([live], decision_log=db, log=tmp_path / "serve.log")
     try:
         with ThreadPoolExecutor(4) as pool:
-            answers = dict(zip(ids, pool.map(ask, range(len(ids)))))
-        # the server queues a record once it has sent the answer: the last may reach the queue a moment after its
-        # client has read it
-        counts = wait_for_log(server.url, lambda c: c["written"] + c["pending"] == len(ids), seconds=5.0)
-        assert counts["written"] + counts["pending"] == len(ids), counts
+            list(pool.map(ask, range(12)))
+        (live / PROMOTED_FILE).write_text(json.dumps({"run": str(following)}))
+        os.kill(server.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + RELOAD_S
+        with ThreadPoolExecutor(2) as pool:  # answering all through the reload
+            while time.monotonic() < deadline and not any(
+                    a.headers.get(VERSION) == new for a in list(answers.values())[-2:]):
+                list(pool.map(ask, range(2)))
+            list(pool.map(ask, range(8)))
+        counts = wait_for_log(server.url, lambda c: c["written"] + c["pending"] == len(answers), seconds=5.0)
+        assert counts["written"] + counts["pending"] == len(answers), counts
         assert counts["failures"] == 0 and counts["dropped"] == 0, counts
+        assert server.process.poll() is None, "SIGHUP must not stop the server"
         stop_gracefully(server)
     finally:
         server.stop()
-    for rid, answer in answers.items():
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["X-Request-Id"] == rid
-        assert answer.headers["X-Decisionkit-Model-Version"] == model.version
+    assert {a.status_code for a in answers.values()} == {200}, [a.text for a in answers.values()][:2]
+    versions = [answers[rid].headers[VERSION] for rid in sorted(answers)]
+    assert set(versions) == {old, new}, set(versions)
+    assert all(v == new for v in versions[versions.index(new) + 2:]), "after the swap, the new model answers"
+    assert f"now {following}" in (tmp_path / "serve.log").read_text()
     rows = logged(db)
-    assert sorted(r["request_id"] for r in rows) == sorted(ids), "each answer logged exactly once"
+    assert sorted(r["request_id"] for r in rows) == sorted(answers), "each answer logged exactly once"
     for row in rows:
-        i, answer = ids.index(row["request_id"]), answers[row["request_id"]]
-        assert row["version"] == answer.headers["X-Decisionkit-Model-Version"]
+        answer = answers[row["request_id"]]
+        assert answer.headers["X-Request-Id"] == row["request_id"]
+        assert row["version"] == answer.headers[VERSION]
         assert row["workflow"] and row["workflow"] == answer.headers["X-Decisionkit-Workflow"]
-        assert json.loads(row["state"]) == json.loads(bodies[i % len(bodies)])["state"]
+        assert json.loads(row["state"]) in [json.loads(b)["state"] for b in bodies]
         assert row["latency_ms"] > 0
+    assert body["state"] in [json.loads(r["state"]) for r in rows]
 
 
 def test_a_killed_server_loses_at_most_its_last_batch_window(quick_model, bodies, tmp_path):
@@ -162,7 +190,7 @@ def test_a_killed_server_loses_at_most_its_last_batch_window(quick_model, bodies
 
 def test_a_log_that_fails_loses_no_answer(quick_model, bodies, tmp_path):
     """The log locked by another connection (``BEGIN EXCLUSIVE``) until the writer's batch has failed (its busy
-    timeout, 10 s, ran out): meanwhile every request is answered 200 and ``/health`` counts the failure and says
+    timeout, 5 s, ran out): meanwhile every request is answered 200 and ``/health`` counts the failure and says
     why; once the lock is released the kept batch is written again and every answer ends up in the log, once."""
     path, _ = quick_model
     db = tmp_path / "log.db"
@@ -188,7 +216,7 @@ def test_a_log_that_fails_loses_no_answer(quick_model, bodies, tmp_path):
         load = threading.Thread(target=lambda: during.update(load_test(
             url, bodies, 2, 25.0, 200, headers=lambda n: {"X-Request-Id": f"locked-{n:04d}"}, answered=answered)))
         load.start()
-        counts = wait_for_log(server.url, lambda c: c["failures"] > 0, seconds=30.0)  # the 10 s busy timeout, once
+        counts = wait_for_log(server.url, lambda c: c["failures"] > 0, seconds=30.0)  # the 5 s busy timeout, once
         assert counts["failures"] > 0, counts
         assert "locked" in counts["last_error"], counts
         assert counts["pending"] > 0 and counts["written"] == 1, counts

@@ -57,9 +57,10 @@ def drift_traffic(n: int, seed: int) -> list[Request]:
     return [Request(NEW, state["claim_id"], state, labels) for state, labels in drift_claims(n, seed)]
 
 
-def test_traffic(cases) -> list[Request]:
-    """The export's test rows (a ``Split`` of the claims) with their labels."""
-    return [Request(OLD, c.state["claim_id"], c.state, {q: g.label for q, g in c.gold.items()}) for c in cases]
+def test_traffic(cases, limit: int | None = None) -> list[Request]:
+    """The export's test rows (a ``Split`` of the claims; the first ``limit`` of them) with their labels."""
+    return [Request(OLD, c.state["claim_id"], c.state, {q: g.label for q, g in c.gold.items()})
+            for c in list(cases)[:limit]]
 
 
 @dataclass

@@ -116,7 +116,7 @@ def _sqlite_file(file: Path, shown: str) -> None:
 def _on_connect(connection, _record) -> None:
     cursor = connection.cursor()
     cursor.execute("PRAGMA synchronous=NORMAL")  # a committed batch survives a killed process (not a power cut)
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA busy_timeout=5000")  # a write that waits longer fails, is counted and retried
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
