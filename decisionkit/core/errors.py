@@ -29,3 +29,8 @@ class ModelFolderError(UserError, ValueError):
 
 class MissingFile(UserError, FileNotFoundError):
     """A file or folder the user named that is not there (or is not what it must be: a model, a data file)."""
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line: its type and its message, line breaks folded."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"

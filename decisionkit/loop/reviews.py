@@ -66,6 +66,11 @@ class Answer:
     labels: dict[str, str]
     at: float
 
+    @property
+    def status(self) -> str:
+        """The status this answer gives its case, as the latest: ``not-a-case`` or ``reviewed``."""
+        return NOT_A_CASE if self.verb == NOT_A_CASE else "reviewed"
+
     def to_json(self) -> dict:
         return {"reviewer": self.reviewer, "verb": self.verb, "labels": self.labels, "at": _iso(self.at)}
 
@@ -117,9 +122,7 @@ def _answers(conn, review_id: str | None = None) -> dict[str, list[Answer]]:
 
 
 def _status(answers: list[Answer]) -> str:
-    if not answers:
-        return "pending"
-    return NOT_A_CASE if answers[-1].verb == NOT_A_CASE else "reviewed"
+    return answers[-1].status if answers else "pending"
 
 
 def _item(row: dict, answers: list[Answer]) -> dict:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from ..core import errors
 from ..core.errors import UserError
 
 SCHEMA_VERSION = 1  # bump when a table changes; an older log is then refused with a line saying so
@@ -153,8 +154,8 @@ def open_store(where: str | Path, create: bool = True) -> Store:
 
 
 def one_line(err: BaseException) -> str:
-    text = " ".join(str(getattr(err, "orig", None) or err).split())
-    return f"{type(getattr(err, 'orig', None) or err).__name__}: {text[:300]}"
+    """A database error as ``errors.one_line`` of the driver's own error (SQLAlchemy wraps it), at most 320 chars."""
+    return errors.one_line(getattr(err, "orig", None) or err)[:320]
 
 
 def _check(conn, shown: str, create: bool) -> None:

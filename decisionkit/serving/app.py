@@ -61,11 +61,12 @@ from litserve.utils import WorkerSetupStatus
 
 from ..contract import systemone
 from ..contract.systemone import ModelMetadataList, Prepared, Refusal, SystemOneRequest, SystemOneResponse
+from ..core.errors import one_line
 from ..loop.log import DecisionLog
 from ..loop.promotion import served_folder
 from ..model.decision_model import load
 from ..model.saving import model_version
-from .catalog import Catalog, UnservableModel, catalog, health, model_list, one_line
+from .catalog import Catalog, UnservableModel, catalog, health, model_list
 from .config import Batching, Limits
 from .decision_logging import AnswerHeaders, answer_headers
 from .protocol import json_errors_protocol

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..contract.systemone import ModelMetadata, ModelMetadataList
-from ..core.errors import UserError
+from ..core.errors import UserError, one_line
 from ..loop.promotion import served_folder
 from ..model.features import FeatureSpec
 from ..model.saving import CONFIG_FILE, ModelConfig, missing_files, schema_from_json
@@ -33,11 +33,6 @@ class Catalog(dict):
         super().__init__(folders)
         self.configs = configs
         self.asked = dict(folders) if asked is None else asked
-
-
-def one_line(err: BaseException) -> str:
-    """An exception as one line: its type and its message, line breaks folded."""
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
 def checked(run: Path) -> ModelConfig:

@@ -71,8 +71,7 @@ def add_review_routes(app: FastAPI, log: DecisionLog) -> None:
             return JSONResponse({"detail": str(err)}, HTTPStatus.NOT_FOUND)
         except reviews.BadReview as err:
             return JSONResponse({"detail": [err.detail()]}, HTTPStatus.UNPROCESSABLE_ENTITY)
-        return {"id": review_id, **recorded.to_json(),
-                "status": reviews.review(log, review_id)["status"]}
+        return {"id": review_id, **recorded.to_json(), "status": recorded.status}  # the latest answer: no second read
 
     @app.get(PAGE_PATH, response_class=HTMLResponse)
     def review_page() -> str:
